@@ -1,0 +1,50 @@
+"""Cyclone: a durable workflow runtime for Python on PostgreSQL.
+
+Every run is bounded (step timeouts, run deadlines), every stuck handler is killed, and
+nothing is lost: runs and steps live in PostgreSQL, and the database clock is the only clock.
+"""
+
+from __future__ import annotations
+
+from cyclone.client import Client, submit
+from cyclone.context import StepContext
+from cyclone.errors import (
+    ConfigError,
+    CycloneError,
+    GraphError,
+    PayloadTooLarge,
+    PermanentError,
+    RunNotFound,
+    RunStuck,
+    StepNotFound,
+    WorkflowNotFound,
+)
+from cyclone.migrate import migrate
+from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
+from cyclone.states import ErrorKind, NodeKind, RunState, StepState
+from cyclone.workflow import Node, Registry, Workflow
+
+__all__ = [
+    "Client",
+    "ConfigError",
+    "CycloneError",
+    "ErrorKind",
+    "ExhaustedQuery",
+    "GraphError",
+    "Node",
+    "NodeKind",
+    "PayloadTooLarge",
+    "PermanentError",
+    "Registry",
+    "RunNotFound",
+    "RunState",
+    "RunStatus",
+    "RunStuck",
+    "StepContext",
+    "StepInfo",
+    "StepState",
+    "Workflow",
+    "WorkflowNotFound",
+    "migrate",
+    "submit",
+]

@@ -1,0 +1,99 @@
+"""Connections, JSON payloads and the retry of transactions that lost a deadlock race."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+
+# Payloads live in rows that every lease and listing reads: keep them small by default.
+MAX_PAYLOAD_BYTES = 1024 * 1024
+# Deadlocks between a child run finishing (child, then parent) and its parent being cancelled
+# (parent, then children) are rare and resolved by PostgreSQL aborting one side: retry it.
+_RETRIES = 5
+
+T = TypeVar("T")
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server."""
+    if dsn:
+        return dsn
+    env = os.environ.get("CYCLONE_DATABASE_URL")
+    if env:
+        return env
+    from cyclone.embedded import DEFAULT_DATA_DIR, ensure_server
+
+    return ensure_server(os.environ.get("CYCLONE_EMBEDDED_DIR", DEFAULT_DATA_DIR))
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
+    """An autocommit connection with dict rows: every write runs in an explicit transaction."""
+    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **kwargs)
+
+
+def check_json(value: Any, what: str = "value") -> None:
+    """Raise TypeError naming the first part of `value` that is not plain JSON."""
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"{what}: {value!r} is not JSON (no NaN or infinity)")
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_json(item, f"{what}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{what}: key {key!r} is not a string, so this is not JSON")
+            check_json(item, f"{what}[{key!r}]")
+        return
+    raise TypeError(f"{what}: {type(value).__name__} is not JSON")
+
+
+def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES) -> str:
+    """JSON text for a jsonb parameter; TypeError if not JSON, PayloadTooLarge if too big."""
+    from cyclone.errors import PayloadTooLarge
+
+    check_json(value, what)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    size = len(text.encode())
+    if size > limit:
+        raise PayloadTooLarge(f"{what}: {size} bytes of JSON is over the limit of {limit} bytes")
+    return text
+
+
+def retrying(fn: Callable[[], T]) -> T:
+    """Run `fn` (one whole transaction) again when PostgreSQL aborted it to break a deadlock."""
+    for attempt in range(_RETRIES):
+        try:
+            return fn()
+        except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure):
+            if attempt == _RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+class DictRows:
+    """A caller's connection seen with dict rows, whatever row factory it was opened with."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor[dict[str, Any]]:
+        return self._conn.cursor(row_factory=dict_row).execute(query, params)
+
+    def transaction(self) -> Any:
+        return self._conn.transaction()
+
+
+def with_dict_rows(conn: psycopg.Connection[Any]) -> Any:
+    return conn if conn.row_factory is dict_row else DictRows(conn)

@@ -1,0 +1,55 @@
+"""The engine: every state change of runs and steps, as functions taking a connection.
+
+Workers, the scanner, the supervisor, the client and the test harness all call these same
+functions; only the process orchestration around them differs. Each takes an optional `now`
+(None means the database clock) so tests can move time without sleeping.
+"""
+
+from __future__ import annotations
+
+from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
+from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.steps import (
+    Lease,
+    complete_step,
+    expand_map,
+    fail_step,
+    heartbeat,
+    lease_step,
+    revoked_leases,
+    start_child,
+    submit_runs,
+)
+from cyclone.engine.sweeps import (
+    SWEEPS,
+    sweep_deadlines,
+    sweep_expired_leases,
+    sweep_max_wait,
+    sweep_retention,
+    sweep_sleeps,
+)
+
+__all__ = [
+    "SWEEPS",
+    "Lease",
+    "cancel_run",
+    "complete_step",
+    "current_graph",
+    "expand_map",
+    "fail_step",
+    "graph_by_hash",
+    "heartbeat",
+    "lease_step",
+    "pause_run",
+    "register_workflows",
+    "resume_run",
+    "revoked_leases",
+    "signal_run",
+    "start_child",
+    "submit_runs",
+    "sweep_deadlines",
+    "sweep_expired_leases",
+    "sweep_max_wait",
+    "sweep_retention",
+    "sweep_sleeps",
+]

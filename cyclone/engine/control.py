@@ -1,0 +1,94 @@
+"""Operations on whole runs from outside: cancel, pause, resume, signal."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.db import encode_json, retrying
+from cyclone.engine.advance import RunRef, cancel_runs, child_finished, lock_run, settle_waiting
+from cyclone.errors import RunNotFound
+from cyclone.sql import QUERIES
+
+Conn = psycopg.Connection[Any]
+_LIVE = ("running", "paused")
+
+
+def _locked(conn: Conn, run_id: str) -> dict[str, Any]:
+    run = lock_run(conn, _uuid(run_id))
+    if run is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    return run
+
+
+def _uuid(run_id: str) -> str:
+    import uuid
+
+    try:
+        return str(uuid.UUID(str(run_id)))
+    except ValueError:
+        raise RunNotFound(f"no run {run_id!r} (not a run id)") from None
+
+
+def cancel_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
+    """Cancel the run and its child runs; its handlers are killed. False if already finished."""
+
+    def tx() -> bool:
+        with conn.transaction():
+            run = _locked(conn, run_id)
+            if run["state"] not in _LIVE:
+                return False
+            cancel_runs(conn, [run["id"]], now)
+            if run["parent_run_id"] is not None:
+                child_finished(conn, run["parent_run_id"], run["parent_step_id"], str(run["id"]),
+                               now, failure="was cancelled")
+            return True
+
+    return retrying(tx)
+
+
+def pause_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
+    with conn.transaction():
+        _locked(conn, run_id)
+        row = conn.execute(QUERIES["run_pause"], {"run_id": _uuid(run_id), "now": now})
+        return row.fetchone() is not None
+
+
+def resume_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
+    with conn.transaction():
+        _locked(conn, run_id)
+        row = conn.execute(QUERIES["run_resume"], {"run_id": _uuid(run_id), "now": now})
+        return row.fetchone() is not None
+
+
+def signal_run(conn: Conn, run_id: str, name: str, payload: Any = None, *,
+               now: datetime | None = None) -> bool:
+    """Deliver a signal to the wait that expects it, or keep it until that wait is reached.
+
+    False when the run has already finished.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a signal needs a non-empty name, got {name!r}")
+    text = encode_json(payload, f"payload of signal {name!r}")
+
+    def tx() -> bool:
+        with conn.transaction():
+            run = _locked(conn, run_id)
+            if run["state"] not in _LIVE:
+                return False
+            ref = RunRef(str(run["id"]), run["workflow"], run["graph_hash"])
+            step = conn.execute(QUERIES["step_waiting_for_signal"],
+                                {"run_id": ref.id, "name": name}).fetchone()
+            conn.execute(QUERIES["signal_insert"], {
+                "run_id": ref.id, "name": name, "payload": text, "now": now,
+                "consumed_by": step["id"] if step else None,
+            })
+            if step is not None:
+                import json
+
+                settle_waiting(conn, ref, None, step["id"], json.loads(text), now)
+            return True
+
+    return retrying(tx)

@@ -1,0 +1,62 @@
+"""Graphs in the database: registered by workflows, read (and cached) by whoever advances runs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+
+from cyclone.errors import WorkflowNotFound
+from cyclone.sql import QUERIES
+from cyclone.workflow import Graph, Workflow
+
+# Graphs are immutable once stored (keyed by a hash of their content), so caching them for the
+# life of the process is always correct.
+_BY_HASH: dict[str, Graph] = {}
+
+
+def register_workflows(conn: psycopg.Connection[Any], workflows: Iterable[Workflow]) -> None:
+    """Store each workflow's graph (and its child workflows') and make it current by name."""
+    seen: dict[str, Workflow] = {}
+    for wf in workflows:
+        for item in (wf, *wf.children()):
+            seen[item.name] = item
+    with conn.transaction():
+        for wf in seen.values():
+            graph = wf.graph
+            params = {"hash": graph.hash, "workflow": wf.name,
+                      "graph": json.dumps(graph.to_json())}
+            conn.execute(QUERIES["graph_register"], params)
+            conn.execute(QUERIES["workflow_register"], params)
+            _BY_HASH[graph.hash] = graph
+
+
+def graph_by_hash(conn: psycopg.Connection[Any], graph_hash: str) -> Graph:
+    graph = _BY_HASH.get(graph_hash)
+    if graph is None:
+        row = conn.execute(QUERIES["graph_get"], {"hash": graph_hash}).fetchone()
+        if row is None:
+            raise WorkflowNotFound(f"no graph {graph_hash!r} is stored")
+        graph = Graph.from_json(_row(row)["graph"])
+        _BY_HASH[graph_hash] = graph
+    return graph
+
+
+def current_graph(conn: psycopg.Connection[Any], workflow: str) -> Graph:
+    """The graph registered under this name, for submitting by name."""
+    if not isinstance(workflow, str):
+        raise TypeError(f"expected a Workflow or a workflow name, got {workflow!r}")
+    row = conn.execute(QUERIES["workflow_get"], {"workflow": workflow}).fetchone()
+    if row is None:
+        raise WorkflowNotFound(f"no workflow named {workflow!r} is registered")
+    row = _row(row)
+    graph = _BY_HASH.get(row["hash"])
+    if graph is None:
+        graph = _BY_HASH[row["hash"]] = Graph.from_json(row["graph"])
+    return graph
+
+
+def _row(row: Any) -> dict[str, Any]:
+    return row if isinstance(row, dict) else {"hash": row[0], "graph": row[1]}

@@ -1,0 +1,220 @@
+"""A worker's side of a step: lease it, keep the lease, record what happened, fenced.
+
+Every write names the lease token it holds. When the lease was revoked (run cancelled or past
+its deadline) or reclaimed (it expired), the write matches no row, the transaction changes
+nothing, and the function returns False: the late result is discarded.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.db import encode_json, retrying
+from cyclone.engine.advance import (
+    RunRef,
+    fail_run,
+    make_steps,
+    map_completed,
+    node_completed,
+    node_rows,
+)
+from cyclone.engine.graphs import current_graph, graph_by_hash
+from cyclone.sql import QUERIES
+from cyclone.states import ErrorKind, NodeKind
+
+Conn = psycopg.Connection[Any]
+
+# Retry backoff: exponential from one second, capped at ten minutes, with jitter so that a
+# burst of failures does not come back as a burst.
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 600.0
+DEFAULT_LEASE_TTL = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A leased step: what the worker needs to run it and to write its outcome."""
+
+    step_id: int
+    run_id: str
+    workflow: str
+    node: str
+    kind: NodeKind
+    attempt: int
+    max_attempts: int
+    token: str
+    input: Any
+    item_index: int | None
+    item: Any
+    deadline_at: datetime | None
+    graph_hash: str
+    # Seconds from the lease until the attempt must be dead: the smaller of the node's timeout
+    # and the run's time left, both read on the database clock. None: unbounded.
+    kill_after: float | None
+    deadline_left: float | None
+    lease_ttl: float
+
+    @property
+    def is_fanout(self) -> bool:
+        """A map row that has not yet evaluated its items."""
+        return self.kind == NodeKind.MAP and self.item_index is None
+
+    @property
+    def run(self) -> RunRef:
+        return RunRef(self.run_id, self.workflow, self.graph_hash)
+
+
+def lease_step(conn: Conn, *, worker: str, workflows: Sequence[str] | None = None,
+               lease_ttl: float = DEFAULT_LEASE_TTL, now: datetime | None = None) -> Lease | None:
+    """Lease the oldest due step (of these workflows, when given), or None."""
+    row = conn.execute(QUERIES["step_lease"], {
+        "worker": worker, "workflows": list(workflows) if workflows is not None else None,
+        "ttl": lease_ttl, "now": now,
+    }).fetchone()
+    if row is None:
+        return None
+    return Lease(
+        step_id=row["id"], run_id=str(row["run_id"]), workflow=row["workflow"], node=row["node"],
+        kind=NodeKind(row["kind"]), attempt=row["attempt"], max_attempts=row["max_attempts"],
+        token=str(row["lease_token"]), input=row["input"], item_index=row["item_index"],
+        item=row["item"], deadline_at=row["deadline_at"], graph_hash=row["graph_hash"],
+        kill_after=row["kill_after"], deadline_left=row["deadline_left"], lease_ttl=lease_ttl,
+    )
+
+
+def heartbeat(conn: Conn, step_id: int, token: str, *, lease_ttl: float = DEFAULT_LEASE_TTL,
+              now: datetime | None = None) -> bool:
+    """Extend the lease; False when it is no longer ours."""
+    row = conn.execute(QUERIES["step_heartbeat"],
+                       {"step_id": step_id, "token": token, "ttl": lease_ttl, "now": now})
+    return row.fetchone() is not None
+
+
+def complete_step(conn: Conn, lease: Lease, output: Any, *, now: datetime | None = None) -> bool:
+    """Record the step's output and advance its run, in one transaction."""
+    text = encode_json(output, f"output of {lease.workflow}/{lease.node}")
+
+    def tx() -> bool:
+        with conn.transaction():
+            row = conn.execute(QUERIES["step_complete"], {
+                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
+                "output": text, "now": now,
+            }).fetchone()
+            if row is None:
+                return False
+            if lease.kind != NodeKind.MAP or map_completed(conn, lease.run_id, lease.node):
+                graph = graph_by_hash(conn, lease.graph_hash)
+                node_completed(conn, lease.run, graph, lease.node, now)
+            return True
+
+    return retrying(tx)
+
+
+def fail_step(conn: Conn, step_id: int, token: str, *, kind: ErrorKind | str, error: str,
+              retry: bool | None = None, now: datetime | None = None) -> bool:
+    """Record a failed attempt: retried with backoff while attempts remain, else dead.
+
+    `retry` defaults to what the error kind says; a dead step fails its run.
+    """
+    kind = ErrorKind(kind)
+    if retry is None:
+        retry = kind.retried
+
+    def tx() -> bool:
+        with conn.transaction():
+            row = conn.execute(QUERIES["step_fail"], {
+                "step_id": step_id, "token": token, "kind": str(kind), "error": error,
+                "retry": retry, "backoff_base": BACKOFF_BASE, "backoff_cap": BACKOFF_CAP,
+                "now": now,
+            }).fetchone()
+            if row is None:
+                return False
+            if row["state"] == "dead":
+                fail_run(conn, str(row["run_id"]), now)
+            return True
+
+    return retrying(tx)
+
+
+def expand_map(conn: Conn, lease: Lease, items: Sequence[Any], *,
+               now: datetime | None = None) -> bool:
+    """Turn a map's fan-out row into one step per item (none: the node completes with [])."""
+    what = f"items of {lease.workflow}/{lease.node}"
+    texts = [encode_json(item, f"{what}[{i}]") for i, item in enumerate(items)]
+    if not texts:
+        return complete_step(conn, lease, [], now=now)
+
+    def tx() -> bool:
+        with conn.transaction():
+            row = conn.execute(QUERIES["step_release_items"], {
+                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
+                "item": texts[0], "now": now,
+            }).fetchone()
+            if row is None:
+                return False
+            if len(texts) > 1:
+                conn.execute(QUERIES["step_insert_items"], {
+                    "step_id": lease.step_id, "indexes": list(range(1, len(texts))),
+                    "items": texts[1:], "now": now,
+                })
+            return True
+
+    return retrying(tx)
+
+
+def start_child(conn: Conn, lease: Lease, child_workflow: str, child_input: Any, *,
+                max_wait: float | None, now: datetime | None = None) -> str | None:
+    """Submit the child run of a child node and park the node on it; returns the child's id."""
+    text = encode_json(child_input, f"input of child {child_workflow}")
+
+    def tx() -> str | None:
+        with conn.transaction():
+            graph = current_graph(conn, child_workflow)
+            child_id = str(uuid.uuid4())
+            row = conn.execute(QUERIES["step_park_child"], {
+                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
+                "child_run_id": child_id, "max_wait": max_wait, "now": now,
+            }).fetchone()
+            if row is None:
+                return None
+            submit_runs(conn, graph.workflow, graph.hash, [child_id], [text],
+                        [graph.nodes[n] for n in graph.roots], parent=(lease.run_id, lease.step_id),
+                        now=now)
+            return child_id
+
+    return retrying(tx)
+
+
+def submit_runs(conn: Conn, workflow: str, graph_hash: str, ids: list[str], inputs: list[str],
+                roots: Sequence[Any], *, deadline: float | None = None, key: str | None = None,
+                parent: tuple[str, int] | None = None, now: datetime | None = None) -> list[str]:
+    """Insert runs and their root steps (one statement); returns the ids actually inserted."""
+    rows = conn.execute(QUERIES["run_submit"], {
+        "workflow": workflow, "hash": graph_hash, "ids": ids, "inputs": inputs, "key": key,
+        "parent_run_id": parent[0] if parent else None,
+        "parent_step_id": parent[1] if parent else None,
+        "deadline": deadline or 0.0, "now": now, **node_rows(roots),
+    }).fetchall()
+    return [str(r["id"]) for r in rows]
+
+
+def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]:
+    """Of the (step id -> token) leases held, those no longer valid, with the step's error kind."""
+    if not held:
+        return {}
+    rows = conn.execute(QUERIES["step_revoked"], {
+        "step_ids": list(held), "tokens": list(held.values()),
+    }).fetchall()
+    return {r["step_id"]: r["error_kind"] for r in rows}
+
+
+__all__ = [
+    "Lease", "complete_step", "expand_map", "fail_step", "heartbeat", "lease_step",
+    "make_steps", "revoked_leases", "start_child", "submit_runs",
+]

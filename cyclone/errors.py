@@ -1,0 +1,39 @@
+"""Cyclone's error hierarchy: every error the library raises on purpose is a CycloneError."""
+
+from __future__ import annotations
+
+
+class CycloneError(Exception):
+    """A Cyclone error."""
+
+
+class RunNotFound(CycloneError, LookupError):
+    """No run has this id."""
+
+
+class StepNotFound(CycloneError, LookupError):
+    """No step has this id."""
+
+
+class WorkflowNotFound(CycloneError, LookupError):
+    """No workflow is registered under this name."""
+
+
+class ConfigError(CycloneError, ValueError):
+    """The configuration is invalid."""
+
+
+class GraphError(CycloneError, ValueError):
+    """A workflow graph is invalid."""
+
+
+class PayloadTooLarge(CycloneError, ValueError):
+    """A JSON payload is larger than the configured limit."""
+
+
+class PermanentError(CycloneError):
+    """Raised by a handler to dead-letter its step at once, without retries."""
+
+
+class RunStuck(CycloneError):
+    """A run can make no progress without outside help (a signal)."""

@@ -1,0 +1,46 @@
+"""Forward-only, numbered schema migrations applied under an advisory lock."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+
+from cyclone.db import connect, resolve_dsn
+from cyclone.sql import QUERIES, migrations
+
+logger = logging.getLogger(__name__)
+
+
+def migrate(target: str | psycopg.Connection[Any] | None = None) -> list[int]:
+    """Apply every pending migration to the connection's schema; return the versions applied."""
+    if isinstance(target, psycopg.Connection):
+        return _migrate(target)
+    with connect(resolve_dsn(target)) as conn:
+        return _migrate(conn)
+
+
+def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
+    applied_now: list[int] = []
+    conn.execute(QUERIES["migration_lock"])
+    try:
+        conn.execute(QUERIES["migration_table_create"])
+        done = {row[0] if isinstance(row, tuple) else row["version"]
+                for row in conn.execute(QUERIES["migration_applied"]).fetchall()}
+        for version, name, sql in migrations():
+            if version in done:
+                continue
+            with conn.transaction():
+                conn.execute(sql.encode())  # type: ignore[arg-type] - a whole file of DDL
+                conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
+            logger.info("applied migration %04d_%s", version, name,
+                        extra={"action": "migration_applied"})
+            applied_now.append(version)
+    finally:
+        conn.execute(QUERIES["migration_unlock"])
+    return applied_now
+
+
+def latest_version() -> int:
+    return max(v for v, _, _ in migrations())

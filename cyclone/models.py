@@ -1,0 +1,90 @@
+"""Frozen rows returned by the client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from cyclone.states import ErrorKind, NodeKind, RunState, StepState
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    id: str
+    workflow: str
+    state: RunState
+    input: Any
+    output: Any
+    error_kind: ErrorKind | None
+    error: str | None
+    parent_run_id: str | None
+    created_at: datetime
+    deadline_at: datetime | None
+    paused_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunStatus:
+        state = RunState(row["state"])
+        failure = row.get("failure") or {}
+        kind, error = failure.get("error_kind"), failure.get("error")
+        if state == RunState.CANCELLED:
+            kind, error = ErrorKind.CANCELLED, "run cancelled"
+        elif state != RunState.FAILED:
+            kind, error = None, None
+        return cls(
+            id=str(row["id"]), workflow=row["workflow"], state=state, input=row["input"],
+            output=row["output"], error_kind=ErrorKind(kind) if kind else None, error=error,
+            parent_run_id=str(row["parent_run_id"]) if row["parent_run_id"] else None,
+            created_at=row["created_at"], deadline_at=row["deadline_at"],
+            paused_at=row["paused_at"], finished_at=row["finished_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    id: int
+    run_id: str
+    workflow: str
+    node: str
+    kind: NodeKind
+    state: StepState
+    attempt: int
+    error: str | None
+    error_kind: ErrorKind | None
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    item_index: int | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> StepInfo:
+        return cls(
+            id=row["id"], run_id=str(row["run_id"]), workflow=row["workflow"], node=row["node"],
+            kind=NodeKind(row["kind"]), state=StepState(row["state"]), attempt=row["attempt"],
+            error=row["error"],
+            error_kind=ErrorKind(row["error_kind"]) if row["error_kind"] else None,
+            created_at=row["created_at"], started_at=row["started_at"],
+            completed_at=row["completed_at"], item_index=row.get("item_index"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExhaustedQuery:
+    """A DLQ filter: dead steps by error kind, workflow and age."""
+
+    reason: ErrorKind | str | None = None
+    workflow: str | None = None
+    since: timedelta | datetime | None = None
+    limit: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.reason is not None:
+            try:
+                object.__setattr__(self, "reason", ErrorKind(self.reason))
+            except ValueError:
+                kinds = ", ".join(k.value for k in ErrorKind)
+                raise ValueError(f"unknown error kind {self.reason!r} (one of: {kinds})") from None
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {self.limit!r}")

@@ -1,0 +1,147 @@
+"""Running one leased step: the part of a worker that is the same in every process.
+
+`execute` runs user code (a handler, a map's items, a child's input) and never writes;
+`record` writes the outcome, fenced by the lease. The worker process runs `execute` in a
+thread while it heartbeats; the test harness calls both in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.context import CancelEvent, StepContext
+from cyclone.db import encode_json
+from cyclone.engine import complete_step, expand_map, fail_step, graph_by_hash, start_child
+from cyclone.engine.steps import Lease
+from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
+from cyclone.sql import QUERIES
+from cyclone.states import ErrorKind, NodeKind
+from cyclone.workflow import _UNSET, Registry
+
+Conn = psycopg.Connection[Any]
+# Enough traceback to find the line that failed, without letting one step bloat the table.
+_MAX_ERROR_CHARS = 4000
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    kind: ErrorKind = ErrorKind.ERROR
+    retry: bool = True
+
+    @classmethod
+    def failed(cls, error: str, *, retry: bool = True) -> Outcome:
+        return cls(ok=False, error=error[:_MAX_ERROR_CHARS], retry=retry)
+
+
+def load_results(conn: Conn, lease: Lease) -> dict[str, Any]:
+    """Outputs of the run's complete nodes; a map's output only once every item completed."""
+    rows = conn.execute(QUERIES["run_results"], {"run_id": lease.run_id}).fetchall()
+    by_node: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_node.setdefault(row["node"], []).append(row)
+    results: dict[str, Any] = {}
+    for node, steps in by_node.items():
+        if not all(s["state"] == "completed" for s in steps):
+            continue
+        if steps[0]["kind"] == NodeKind.MAP and steps[0]["item_index"] is not None:
+            results[node] = [s["output"] for s in steps]
+        else:
+            results[node] = steps[0]["output"]
+    return results
+
+
+def make_context(conn: Conn, lease: Lease, done: threading.Event | None = None) -> StepContext:
+    return StepContext(
+        run_id=lease.run_id, step_id=lease.step_id, workflow=lease.workflow, node=lease.node,
+        attempt=lease.attempt, input=lease.input, item=lease.item, deadline=lease.deadline_at,
+        deadline_left=lease.deadline_left, done=done or CancelEvent(),
+        results=lambda: load_results(conn, lease),
+    )
+
+
+def execute(conn: Conn, registry: Registry, lease: Lease, *,
+            done: threading.Event | None = None) -> Outcome:
+    """Run the user code behind a leased step and check what it gave back."""
+    ctx = make_context(conn, lease, done)
+    try:
+        node = registry.node(lease.workflow, lease.node)
+        if lease.is_fanout:
+            value = node.items(ctx) if node.items else []
+            if not isinstance(value, list | tuple):
+                return Outcome.failed(
+                    f"map items must be a list, got {type(value).__name__}", retry=False)
+        elif lease.kind == NodeKind.CHILD:
+            value = _child_input(node, ctx)
+        else:
+            value = _call(node.fn, ctx)
+    except PermanentError as exc:
+        return Outcome.failed(_describe(exc), retry=False)
+    except CycloneError as exc:
+        return Outcome.failed(_describe(exc))
+    except (Exception, asyncio.CancelledError) as exc:
+        return Outcome.failed(_describe(exc))
+    try:
+        encode_json(value, f"value returned by {lease.workflow}/{lease.node}")
+    except (TypeError, PayloadTooLarge) as exc:
+        # Not retried: the same code would return the same thing again.
+        return Outcome.failed(str(exc), retry=False)
+    return Outcome(ok=True, value=value)
+
+
+def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None = None) -> bool:
+    """Write the outcome under the lease; False when the lease was lost (result discarded)."""
+    if not outcome.ok:
+        return fail_step(conn, lease.step_id, lease.token, kind=outcome.kind,
+                         error=outcome.error or "failed", retry=outcome.retry, now=now)
+    if lease.is_fanout:
+        return expand_map(conn, lease, list(outcome.value), now=now)
+    if lease.kind == NodeKind.CHILD:
+        spec = graph_by_hash(conn, lease.graph_hash).nodes[lease.node]
+        child = start_child(conn, lease, spec.child or "", outcome.value,
+                            max_wait=spec.max_wait, now=now)
+        return child is not None
+    return complete_step(conn, lease, outcome.value, now=now)
+
+
+def _call(fn: Any, ctx: StepContext) -> Any:
+    if fn is None:
+        raise PermanentError(f"node {ctx.node!r} has no handler")
+    if asyncio.iscoroutinefunction(fn):
+        return asyncio.run(_run_async(fn, ctx))
+    return fn(ctx)
+
+
+async def _run_async(fn: Any, ctx: StepContext) -> Any:
+    """Run an async handler as a task that `ctx.done` cancels."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(fn(ctx))
+    done = ctx.done
+    if isinstance(done, CancelEvent):
+        done.add_callback(lambda: loop.call_soon_threadsafe(task.cancel))
+    return await task
+
+
+def _child_input(node: Any, ctx: StepContext) -> Any:
+    value = node.child_input
+    if value is _UNSET:
+        return ctx.input
+    return value(ctx) if callable(value) else value
+
+
+def _describe(exc: BaseException) -> str:
+    head = f"{type(exc).__name__}: {exc}"
+    tail = "".join(traceback.format_exception(exc))[-(_MAX_ERROR_CHARS // 2):]
+    return f"{head}\n{tail}"
+
+
+__all__ = ["Outcome", "execute", "load_results", "make_context", "record"]

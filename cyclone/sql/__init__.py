@@ -1,0 +1,49 @@
+"""Every SQL statement Cyclone runs, loaded once from the named blocks in this folder.
+
+A block starts with `-- name: entity_verb` and runs to the next such line. Runtime code refers
+to statements by name only (`QUERIES["step_lease"]`), so the SQL can be read, reviewed and
+explained in one place.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import LiteralString, cast
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
+    parts = _NAME.split(text)
+    queries: dict[str, str] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        if name in queries:
+            raise ValueError(f"{source}: query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+def _load() -> dict[str, LiteralString]:
+    found: dict[str, str] = {}
+    for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            for name, body in parse_queries(entry.read_text(), entry.name).items():
+                if name in found:
+                    raise ValueError(f"{entry.name}: query {name!r} is defined twice")
+                found[name] = body
+    return cast(dict[str, LiteralString], found)
+
+
+QUERIES: dict[str, LiteralString] = _load()
+
+
+def migrations() -> list[tuple[int, str, str]]:
+    """(version, name, sql) for every file in migrations/, in order."""
+    out = []
+    folder = resources.files(__package__) / "migrations"
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            version, _, slug = entry.name.removesuffix(".sql").partition("_")
+            out.append((int(version), slug, entry.read_text()))
+    return out

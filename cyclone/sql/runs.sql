@@ -1,0 +1,201 @@
+-- Runs: creation, locking, and every transition of a whole run.
+-- Every time-dependent statement takes %(now)s: NULL means the database clock.
+
+-- name: graph_register
+INSERT INTO cyclone_graphs (hash, workflow, graph)
+VALUES (%(hash)s, %(workflow)s, %(graph)s::jsonb)
+ON CONFLICT (hash) DO NOTHING;
+
+-- name: workflow_register
+INSERT INTO cyclone_workflows (name, graph_hash)
+VALUES (%(workflow)s, %(hash)s)
+ON CONFLICT (name) DO UPDATE SET graph_hash = excluded.graph_hash, updated_at = now()
+WHERE cyclone_workflows.graph_hash <> excluded.graph_hash;
+
+-- name: workflow_get
+SELECT g.hash, g.graph
+  FROM cyclone_workflows w JOIN cyclone_graphs g ON g.hash = w.graph_hash
+ WHERE w.name = %(workflow)s;
+
+-- name: graph_get
+SELECT hash, graph FROM cyclone_graphs WHERE hash = %(hash)s;
+
+-- name: run_submit
+-- Create runs and their root steps in one statement. An idempotency key that is already taken
+-- inserts nothing (and so no steps); run_by_key then finds the run that owns it.
+WITH runs AS (
+    INSERT INTO cyclone_runs (id, workflow, graph_hash, state, input, idempotency_key,
+                              parent_run_id, parent_step_id, created_at, deadline_at)
+    SELECT v.id, %(workflow)s, %(hash)s, 'running', v.input::jsonb, %(key)s,
+           %(parent_run_id)s, %(parent_step_id)s, coalesce(%(now)s::timestamptz, now()),
+           CASE WHEN %(deadline)s::float8 > 0
+                THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(deadline)s)
+           END
+      FROM unnest(%(ids)s::uuid[], %(inputs)s::text[]) AS v (id, input)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id
+), roots AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, due_at, created_at)
+    SELECT runs.id, %(workflow)s, n.node, n.kind,
+           CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+           n.max_attempts, make_interval(secs => n.timeout), n.signal,
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+           coalesce(%(now)s::timestamptz, now())
+      FROM runs,
+           unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
+                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
+           AS n (node, kind, max_attempts, timeout, signal, due)
+    RETURNING id
+)
+SELECT id FROM runs;
+
+-- name: run_by_key
+SELECT id FROM cyclone_runs WHERE idempotency_key = %(key)s;
+
+-- name: run_lock
+-- Serialises every change to one run and its steps: take it before touching the run's steps.
+SELECT id, workflow, graph_hash, state, parent_run_id, parent_step_id, deadline_at, paused_at
+  FROM cyclone_runs WHERE id = %(run_id)s
+   FOR NO KEY UPDATE;
+
+-- name: run_get
+SELECT id, workflow, state, input, output, parent_run_id, created_at, deadline_at, paused_at,
+       finished_at,
+       (SELECT jsonb_build_object('error_kind', s.error_kind, 'error', s.error)
+          FROM cyclone_steps s
+         WHERE s.run_id = r.id AND s.state = 'dead'
+         ORDER BY s.completed_at, s.id LIMIT 1) AS failure
+  FROM cyclone_runs r WHERE id = %(run_id)s;
+
+-- name: run_complete_if_done
+-- The run completes when every node has a step and every step completed; its output is the
+-- outputs of its sinks (a map sink's output is its items' outputs in order).
+UPDATE cyclone_runs r
+   SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()), paused_at = NULL,
+       output = (SELECT coalesce(jsonb_object_agg(o.node, o.output), '{}'::jsonb)
+                   FROM (SELECT s.node,
+                                CASE WHEN bool_or(s.kind = 'map' AND s.item_index IS NOT NULL)
+                                     THEN jsonb_agg(s.output ORDER BY s.item_index)
+                                     ELSE (array_agg(s.output))[1] END AS output
+                           FROM cyclone_steps s
+                          WHERE s.run_id = r.id AND s.node = ANY(%(sinks)s::text[])
+                          GROUP BY s.node) AS o)
+ WHERE r.id = %(run_id)s AND r.state IN ('running', 'paused')
+   AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                    WHERE s.run_id = r.id AND s.state <> 'completed')
+   AND (SELECT count(DISTINCT s.node) FROM cyclone_steps s WHERE s.run_id = r.id)
+       = %(node_count)s
+RETURNING r.id, r.parent_run_id, r.parent_step_id, r.output;
+
+-- name: run_fail
+-- A dead step fails its run: the other live steps are discarded and their leases revoked.
+WITH run AS (
+    UPDATE cyclone_runs
+       SET state = 'failed', finished_at = coalesce(%(now)s::timestamptz, now()), paused_at = NULL
+     WHERE id = %(run_id)s AND state IN ('running', 'paused')
+ RETURNING id, parent_run_id, parent_step_id
+), discarded AS (
+    UPDATE cyclone_steps s
+       SET state = 'discarded', error = 'run failed', completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL
+      FROM run
+     WHERE s.run_id = run.id AND s.state IN ('available', 'running', 'waiting')
+ RETURNING s.child_run_id
+)
+SELECT run.id, run.parent_run_id, run.parent_step_id,
+       (SELECT array_agg(d.child_run_id) FROM discarded d WHERE d.child_run_id IS NOT NULL)
+           AS child_run_ids
+  FROM run;
+
+-- name: run_cancel_tree
+-- Cancel runs and every descendant still in progress, discarding their live steps.
+WITH RECURSIVE tree AS (
+    SELECT id FROM cyclone_runs WHERE id = ANY(%(run_ids)s::uuid[])
+    UNION
+    SELECT r.id FROM cyclone_runs r JOIN tree t ON r.parent_run_id = t.id
+), runs AS (
+    UPDATE cyclone_runs r
+       SET state = 'cancelled', finished_at = coalesce(%(now)s::timestamptz, now()), paused_at = NULL
+      FROM tree
+     WHERE r.id = tree.id AND r.state IN ('running', 'paused')
+ RETURNING r.id, r.parent_run_id, r.parent_step_id
+), steps AS (
+    UPDATE cyclone_steps s
+       SET state = 'discarded', error_kind = 'cancelled', error = 'run cancelled',
+           completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL
+      FROM runs
+     WHERE s.run_id = runs.id AND s.state IN ('available', 'running', 'waiting')
+ RETURNING s.id
+)
+SELECT id, parent_run_id, parent_step_id, (SELECT count(*) FROM steps) AS steps FROM runs;
+
+-- name: run_pause
+UPDATE cyclone_runs SET state = 'paused', paused_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'running'
+RETURNING id;
+
+-- name: run_resume
+-- The run keeps the time it had left: its deadline and other time gates move forward by the
+-- length of the pause.
+WITH run AS (
+    SELECT id, paused_at, coalesce(%(now)s::timestamptz, now()) AS now
+      FROM cyclone_runs WHERE id = %(run_id)s AND state = 'paused'
+), resumed AS (
+    UPDATE cyclone_runs r
+       SET state = 'running', paused_at = NULL,
+           deadline_at = r.deadline_at + greatest(run.now - run.paused_at, '0'::interval)
+      FROM run WHERE r.id = run.id
+ RETURNING r.id
+), gates AS (
+    UPDATE cyclone_steps s
+       SET due_at = s.due_at + greatest(run.now - greatest(run.paused_at, s.created_at),
+                                        '0'::interval)
+      FROM run
+     WHERE s.run_id = run.id AND s.state = 'waiting' AND s.due_at IS NOT NULL
+ RETURNING s.id
+), retries AS (
+    UPDATE cyclone_steps s
+       SET available_at = s.available_at + greatest(run.now - run.paused_at, '0'::interval)
+      FROM run
+     WHERE s.run_id = run.id AND s.state = 'available' AND s.attempt > 0
+       AND s.available_at > run.paused_at
+ RETURNING s.id
+)
+SELECT id, (SELECT count(*) FROM gates) + (SELECT count(*) FROM retries) AS gates FROM resumed;
+
+-- name: run_steps
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index
+  FROM cyclone_steps s WHERE s.run_id = %(run_id)s
+ ORDER BY s.id;
+
+-- name: run_exists
+SELECT state FROM cyclone_runs WHERE id = %(run_id)s;
+
+-- name: run_results
+-- Outputs of the run's completed steps, for ctx.results.
+SELECT node, kind, item_index, state, output FROM cyclone_steps
+ WHERE run_id = %(run_id)s ORDER BY node, item_index NULLS FIRST;
+
+-- name: revoked_notify
+-- A hint to every supervisor that leases were revoked; they check which of theirs.
+SELECT pg_notify('cyclone_revoked', current_schema());
+
+-- name: signal_insert
+INSERT INTO cyclone_signals (run_id, name, payload, created_at, consumed_by)
+VALUES (%(run_id)s, %(name)s, %(payload)s::jsonb, coalesce(%(now)s::timestamptz, now()),
+        %(consumed_by)s);
+
+-- name: signal_consume
+-- The oldest signal kept for this wait, if one was sent before the wait was reached.
+UPDATE cyclone_signals SET consumed_by = %(step_id)s
+ WHERE id = (SELECT id FROM cyclone_signals
+              WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_by IS NULL
+              ORDER BY id LIMIT 1)
+RETURNING payload;
+
+-- name: clock_now
+SELECT now() AS now;

@@ -1,0 +1,19 @@
+-- name: migration_lock
+-- One migrator at a time per schema; the others wait, then find nothing left to do.
+SELECT pg_advisory_lock(hashtext(current_schema() || '.cyclone_migrations'));
+
+-- name: migration_unlock
+SELECT pg_advisory_unlock(hashtext(current_schema() || '.cyclone_migrations'));
+
+-- name: migration_table_create
+CREATE TABLE IF NOT EXISTS cyclone_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_applied
+SELECT version FROM cyclone_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);

@@ -1,0 +1,176 @@
+-- Steps: lease, heartbeat, and the fenced writes of a lease holder. A write names the lease
+-- token it holds; when the lease was revoked or reclaimed, it matches no row and changes nothing.
+
+-- name: step_insert
+-- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
+INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout, signal,
+                           available_at, due_at, created_at)
+SELECT %(run_id)s, %(workflow)s, n.node, n.kind,
+       CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+       n.max_attempts, make_interval(secs => n.timeout), n.signal,
+       coalesce(%(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+       coalesce(%(now)s::timestamptz, now())
+  FROM unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
+              %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
+       AS n (node, kind, max_attempts, timeout, signal, due)
+ON CONFLICT DO NOTHING
+RETURNING id, node, kind, signal;
+
+-- name: step_insert_items
+-- The rest of a map's items (item 0 reuses the fan-out row).
+INSERT INTO cyclone_steps (run_id, workflow, node, kind, item_index, item, state, max_attempts,
+                           timeout, available_at, created_at)
+SELECT s.run_id, s.workflow, s.node, 'map', i.idx, i.item::jsonb, 'available', s.max_attempts,
+       s.timeout, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+  FROM cyclone_steps s,
+       unnest(%(indexes)s::int[], %(items)s::text[]) AS i (idx, item)
+ WHERE s.id = %(step_id)s
+ON CONFLICT DO NOTHING;
+
+-- name: step_lease
+-- Lease the oldest due step of a running run, skipping rows other workers hold.
+WITH candidate AS (
+    SELECT s.id
+      FROM cyclone_steps s
+      JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'available'
+       AND s.available_at <= coalesce(%(now)s::timestamptz, now())
+       AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
+       AND r.state = 'running'
+       AND (r.deadline_at IS NULL OR r.deadline_at > coalesce(%(now)s::timestamptz, now()))
+     ORDER BY s.available_at, s.id
+     LIMIT 1
+       FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE cyclone_steps s
+   SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
+       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s),
+       leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
+  FROM candidate, cyclone_runs r
+ WHERE s.id = candidate.id AND r.id = s.run_id
+RETURNING s.id, s.run_id, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
+          s.max_attempts, s.lease_token, r.input, r.deadline_at, r.graph_hash,
+          extract(epoch FROM least(s.timeout,
+                                   r.deadline_at - coalesce(%(now)s::timestamptz, now())))::float8
+              AS kill_after,
+          extract(epoch FROM r.deadline_at - coalesce(%(now)s::timestamptz, now()))::float8
+              AS deadline_left;
+
+-- name: step_heartbeat
+UPDATE cyclone_steps
+   SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s)
+ WHERE id = %(step_id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING id;
+
+-- name: step_complete
+-- Record a result: lock the run first (the order every writer follows), then the fenced step.
+WITH run AS (
+    SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps s
+   SET state = 'completed', output = %(output)s::jsonb,
+       completed_at = coalesce(%(now)s::timestamptz, now()),
+       lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+  FROM run
+ WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+   AND s.run_id = run.id
+RETURNING s.node, s.kind, run.state AS run_state;
+
+-- name: step_fail
+-- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = (SELECT run_id FROM cyclone_steps
+                                             WHERE id = %(step_id)s)
+       FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps s
+   SET state = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
+       available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(
+           secs => least(%(backoff_cap)s, %(backoff_base)s * power(2, greatest(s.attempt - 1, 0)))
+                   * (0.5 + random() * 0.5)),
+       completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
+                           ELSE coalesce(%(now)s::timestamptz, now()) END,
+       error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL
+  FROM run
+ WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+   AND s.run_id = run.id
+RETURNING s.run_id, s.node, s.state;
+
+-- name: step_release_items
+-- A map's fan-out row becomes its first item, ready to lease.
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps s
+   SET state = 'available', item_index = 0, item = %(item)s::jsonb, attempt = 0,
+       lease_token = NULL, lease_expires_at = NULL, started_at = NULL,
+       available_at = coalesce(%(now)s::timestamptz, now())
+  FROM run
+ WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+   AND s.run_id = run.id
+RETURNING s.id;
+
+-- name: step_park_child
+-- A child node waits for the child run it started (and for its max_wait, if any).
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps s
+   SET state = 'waiting', child_run_id = %(child_run_id)s, lease_token = NULL,
+       lease_expires_at = NULL,
+       due_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(max_wait)s)
+  FROM run
+ WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+   AND s.run_id = run.id
+RETURNING s.id;
+
+-- name: step_settle_waiting
+-- A parked step ends: a signal arrived, a sleep is over, or its child run completed.
+UPDATE cyclone_steps
+   SET state = 'completed', output = %(output)s::jsonb, due_at = NULL,
+       completed_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(step_id)s AND state = 'waiting'
+RETURNING id, node, run_id;
+
+-- name: step_kill_waiting
+-- A parked step dies: its child run failed or was cancelled.
+UPDATE cyclone_steps
+   SET state = 'dead', error_kind = %(kind)s, error = %(error)s,
+       completed_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(step_id)s AND state = 'waiting'
+RETURNING id, node, run_id;
+
+-- name: step_waiting_for_signal
+SELECT id, node FROM cyclone_steps
+ WHERE run_id = %(run_id)s AND kind = 'wait' AND signal = %(name)s AND state = 'waiting'
+ ORDER BY id LIMIT 1;
+
+-- name: step_nodes_done
+-- Which of these nodes are complete: every one of their steps completed.
+SELECT node FROM cyclone_steps
+ WHERE run_id = %(run_id)s AND node = ANY(%(nodes)s::text[])
+ GROUP BY node HAVING bool_and(state = 'completed');
+
+-- name: step_revoked
+-- Of the leases a supervisor's workers hold, those no longer valid, with why.
+SELECT h.step_id, s.error_kind, s.state
+  FROM unnest(%(step_ids)s::bigint[], %(tokens)s::uuid[]) AS h (step_id, token)
+  LEFT JOIN cyclone_steps s ON s.id = h.step_id
+ WHERE s.id IS NULL OR s.state <> 'running' OR s.lease_token IS DISTINCT FROM h.token;
+
+-- name: step_get
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index
+  FROM cyclone_steps s WHERE s.id = %(step_id)s;
+
+-- name: dlq_list
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index
+  FROM cyclone_steps s
+ WHERE s.state = 'dead'
+   AND (%(reason)s::text IS NULL OR s.error_kind = %(reason)s)
+   AND (%(workflow)s::text IS NULL OR s.workflow = %(workflow)s)
+   AND (%(since)s::timestamptz IS NULL OR s.completed_at >= %(since)s)
+ ORDER BY s.completed_at DESC, s.id DESC
+ LIMIT %(limit)s;

@@ -1,0 +1,127 @@
+-- The scanner's sweeps. Each takes a batch of due rows, locks their runs with SKIP LOCKED (so
+-- any number of scanners can run at once, and a run busy elsewhere is simply taken next time),
+-- then changes the steps under a state guard. Runs are locked before steps, as everywhere.
+
+-- name: run_fail_deadline_passed
+-- The seed page, as SQL: running runs past deadline_at fail, and every available, running or
+-- waiting step is dead-lettered with kind deadline. Paused runs are not running: their
+-- deadline does not elapse.
+WITH due AS (
+    SELECT id FROM cyclone_runs
+     WHERE state = 'running' AND deadline_at IS NOT NULL
+       AND deadline_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY deadline_at
+     LIMIT %(batch_size)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE cyclone_runs r
+       SET state = 'failed', finished_at = coalesce(%(now)s::timestamptz, now())
+      FROM due
+     WHERE r.id = due.id
+ RETURNING r.id
+), dead AS (
+    UPDATE cyclone_steps s
+       SET state = 'dead', error_kind = 'deadline', error = 'run deadline exceeded',
+           completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL
+      FROM failed
+     WHERE s.run_id = failed.id AND s.state IN ('available', 'running', 'waiting')
+ RETURNING s.id, s.child_run_id
+)
+SELECT (SELECT coalesce(array_agg(id), '{}') FROM failed) AS run_ids,
+       (SELECT coalesce(array_agg(child_run_id), '{}') FROM dead
+         WHERE child_run_id IS NOT NULL) AS child_run_ids,
+       (SELECT count(*) FROM dead) AS steps;
+
+-- name: lease_reclaim_expired
+-- Leases nobody renewed: the holder's host is gone. Retried as lease_expired, or dead-lettered
+-- when it was the last attempt. Keyed on lease expiry only, never on how long a step has run.
+WITH due AS (
+    SELECT id, run_id FROM cyclone_steps
+     WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+     ORDER BY lease_expires_at
+     LIMIT %(batch_size)s
+), locked AS (
+    SELECT id FROM cyclone_runs WHERE id IN (SELECT run_id FROM due)
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE cyclone_steps s
+   SET state = CASE WHEN s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
+       available_at = coalesce(%(now)s::timestamptz, now()),
+       completed_at = CASE WHEN s.attempt < s.max_attempts THEN NULL
+                           ELSE coalesce(%(now)s::timestamptz, now()) END,
+       error_kind = 'lease_expired',
+       error = 'lease expired on attempt ' || s.attempt || ' (held by ' || coalesce(s.leased_by, '?') || ')',
+       lease_token = NULL, lease_expires_at = NULL
+  FROM due JOIN locked ON locked.id = due.run_id
+ WHERE s.id = due.id AND s.state = 'running'
+   AND s.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+RETURNING s.id, s.run_id, s.state;
+
+-- name: wait_expire
+-- Waits and child nodes parked longer than their max_wait are dead-lettered.
+WITH due AS (
+    SELECT s.id, s.run_id FROM cyclone_steps s
+     WHERE s.state = 'waiting' AND s.kind IN ('wait', 'child')
+       AND s.due_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY s.due_at
+     LIMIT %(batch_size)s
+), locked AS (
+    SELECT id FROM cyclone_runs
+     WHERE id IN (SELECT run_id FROM due) AND state = 'running'
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE cyclone_steps s
+   SET state = 'dead', error_kind = 'max_wait',
+       error = CASE s.kind WHEN 'wait' THEN 'no signal ' || quote_literal(s.signal)
+                                            || ' within max_wait'
+                       ELSE 'child run ' || s.child_run_id || ' did not finish within max_wait'
+               END,
+       completed_at = coalesce(%(now)s::timestamptz, now())
+  FROM due JOIN locked ON locked.id = due.run_id
+ WHERE s.id = due.id AND s.state = 'waiting'
+RETURNING s.id, s.run_id, s.child_run_id;
+
+-- name: sleep_wake
+-- Sleeps that are over complete; the caller then advances their runs.
+WITH due AS (
+    SELECT s.id, s.run_id FROM cyclone_steps s
+     WHERE s.state = 'waiting' AND s.kind = 'sleep'
+       AND s.due_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY s.due_at
+     LIMIT %(batch_size)s
+), locked AS (
+    SELECT id FROM cyclone_runs
+     WHERE id IN (SELECT run_id FROM due) AND state = 'running'
+       FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE cyclone_steps s
+   SET state = 'completed', due_at = NULL, completed_at = coalesce(%(now)s::timestamptz, now())
+  FROM due JOIN locked ON locked.id = due.run_id
+ WHERE s.id = due.id AND s.state = 'waiting'
+RETURNING s.id, s.run_id, s.node;
+
+-- name: run_delete_finished
+-- Retention: finished top-level runs older than the retention go, with their steps, signals
+-- and child runs.
+DELETE FROM cyclone_runs
+ WHERE id IN (SELECT id FROM cyclone_runs
+               WHERE finished_at < coalesce(%(now)s::timestamptz, now())
+                                   - make_interval(secs => %(retention)s)
+                 AND parent_run_id IS NULL
+               ORDER BY finished_at
+               LIMIT %(batch_size)s);
+
+-- name: next_time_gate
+-- The earliest moment something becomes due (for the test harness's clock).
+SELECT min(t) AS at FROM (
+    SELECT min(s.available_at) AS t FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'available' AND r.state = 'running'
+    UNION ALL
+    SELECT min(s.due_at) FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'waiting' AND r.state = 'running'
+    UNION ALL
+    SELECT min(lease_expires_at) FROM cyclone_steps WHERE state = 'running'
+    UNION ALL
+    SELECT min(deadline_at) FROM cyclone_runs WHERE state = 'running'
+) AS gates;

@@ -1,0 +1,64 @@
+"""States and error kinds, stored as text and mirrored by CHECK constraints in the schema."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunState(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_RUN_STATES
+
+
+class StepState(StrEnum):
+    AVAILABLE = "available"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    DISCARDED = "discarded"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STEP_STATES
+
+
+class ErrorKind(StrEnum):
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    LEASE_EXPIRED = "lease_expired"
+    DEADLINE = "deadline"
+    MAX_WAIT = "max_wait"
+    CHILD_FAILED = "child_failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def retried(self) -> bool:
+        return self in RETRIED_KINDS
+
+
+class NodeKind(StrEnum):
+    TASK = "task"
+    MAP = "map"
+    WAIT = "wait"
+    SLEEP = "sleep"
+    CHILD = "child"
+
+
+TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED})
+TERMINAL_STEP_STATES = frozenset({StepState.COMPLETED, StepState.DEAD, StepState.DISCARDED})
+LIVE_STEP_STATES = frozenset({StepState.AVAILABLE, StepState.RUNNING, StepState.WAITING})
+RETRIED_KINDS = frozenset(
+    {ErrorKind.ERROR, ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.LEASE_EXPIRED}
+)
+
+# The exact text the seed page promises for steps killed by a run deadline.
+DEADLINE_ERROR = "run deadline exceeded"

@@ -1,0 +1,409 @@
+"""Workflow definitions: a named graph of nodes, checked when each node is defined.
+
+A workflow's graph (names, kinds, edges, limits) is plain JSON so it can live in the database:
+any process can advance a run or submit one by name without importing the code. Only workers,
+which import the code, evaluate handlers, map items and child inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from cyclone.errors import GraphError, WorkflowNotFound
+from cyclone.states import NodeKind
+
+# A step that is never given a timeout still gets one: no handler may run forever by default.
+DEFAULT_TIMEOUT = timedelta(minutes=5)
+DEFAULT_MAX_ATTEMPTS = 3
+_UNSET: Any = object()
+
+Duration = timedelta | float | int
+
+
+def seconds(value: Duration | None, what: str) -> float | None:
+    """A duration in seconds; None stays None. Negative durations are an error."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise GraphError(f"{what}: expected a timedelta or seconds, got {value!r}")
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if secs < 0:
+        raise GraphError(f"{what}: must not be negative, got {value!r}")
+    return secs
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """What the engine needs to know about a node: JSON-safe, no code."""
+
+    name: str
+    kind: NodeKind
+    after: tuple[str, ...] = ()
+    max_attempts: int = 1
+    timeout: float | None = None
+    signal: str | None = None
+    max_wait: float | None = None
+    duration: float | None = None
+    child: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"name": self.name, "kind": str(self.kind), "after": list(self.after)}
+        for key in ("max_attempts", "timeout", "signal", "max_wait", "duration", "child"):
+            out[key] = getattr(self, key)
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> NodeSpec:
+        return cls(
+            name=data["name"],
+            kind=NodeKind(data["kind"]),
+            after=tuple(data.get("after", ())),
+            max_attempts=data.get("max_attempts", 1),
+            timeout=data.get("timeout"),
+            signal=data.get("signal"),
+            max_wait=data.get("max_wait"),
+            duration=data.get("duration"),
+            child=data.get("child"),
+        )
+
+
+@dataclass(frozen=True)
+class Graph:
+    """An immutable, validated graph; `hash` identifies it in cyclone_graphs."""
+
+    workflow: str
+    nodes: Mapping[str, NodeSpec]
+    hash: str = ""
+    downstream: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    sinks: tuple[str, ...] = ()
+    roots: tuple[str, ...] = ()
+
+    @classmethod
+    def build(cls, workflow: str, specs: Iterable[NodeSpec]) -> Graph:
+        nodes: dict[str, NodeSpec] = {}
+        for spec in specs:
+            if spec.name in nodes:
+                raise GraphError(f"workflow {workflow!r}: node {spec.name!r} is defined twice")
+            nodes[spec.name] = spec
+        down: dict[str, list[str]] = {name: [] for name in nodes}
+        for spec in nodes.values():
+            for dep in spec.after:
+                if dep not in nodes:
+                    raise GraphError(
+                        f"workflow {workflow!r}: node {spec.name!r} runs after unknown node {dep!r}"
+                    )
+                down[dep].append(spec.name)
+        _check_acyclic(workflow, nodes)
+        body = {"workflow": workflow, "nodes": [n.to_json() for n in nodes.values()]}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+        return cls(
+            workflow=workflow,
+            nodes=nodes,
+            hash=digest,
+            downstream={k: tuple(v) for k, v in down.items()},
+            sinks=tuple(n for n, d in down.items() if not d),
+            roots=tuple(n for n, s in nodes.items() if not s.after),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"workflow": self.workflow, "nodes": [n.to_json() for n in self.nodes.values()]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Graph:
+        return cls.build(data["workflow"], (NodeSpec.from_json(n) for n in data["nodes"]))
+
+
+def _check_acyclic(workflow: str, nodes: Mapping[str, NodeSpec]) -> None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str) -> None:
+        state[name] = 1
+        for dep in nodes[name].after:
+            if state.get(dep) == 1:
+                raise GraphError(f"workflow {workflow!r}: node {name!r} is part of a cycle")
+            if dep not in state:
+                visit(dep)
+        state[name] = 2
+
+    for name in nodes:
+        if name not in state:
+            visit(name)
+
+
+class Node:
+    """A node of a workflow, as returned by the decorators; calling it calls the handler."""
+
+    def __init__(
+        self,
+        workflow: Workflow,
+        spec: NodeSpec,
+        fn: Callable[..., Any] | None = None,
+        items: Callable[..., Any] | None = None,
+        child: Workflow | str | None = None,
+        child_input: Any = _UNSET,
+    ) -> None:
+        self.workflow = workflow
+        self.spec = spec
+        self.fn = fn
+        self.items = items
+        self.child = child
+        self.child_input = child_input
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def is_async(self) -> bool:
+        return self.fn is not None and inspect.iscoroutinefunction(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fn is None:
+            raise TypeError(f"node {self.name!r} has no handler to call")
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Node {self.workflow.name}/{self.name} {self.spec.kind}>"
+
+
+class Workflow:
+    """A named graph of nodes. Nodes may only run after nodes defined before them."""
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise GraphError(f"a workflow needs a non-empty name, got {name!r}")
+        self.name = name
+        self._nodes: dict[str, Node] = {}
+        self._graph: Graph | None = None
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name} nodes={list(self._nodes)}>"
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        return self._nodes
+
+    @property
+    def graph(self) -> Graph:
+        if self._graph is None:
+            if not self._nodes:
+                raise GraphError(f"workflow {self.name!r} has no nodes")
+            self._graph = Graph.build(self.name, (n.spec for n in self._nodes.values()))
+        return self._graph
+
+    def children(self) -> Iterator[Workflow]:
+        """Workflows this one starts as child runs (those given as objects), recursively."""
+        for node in self._nodes.values():
+            if isinstance(node.child, Workflow):
+                yield node.child
+                yield from node.child.children()
+
+    # -- node definitions -------------------------------------------------------------------
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        after: Sequence[Node | str] = (),
+        timeout: Duration | None = DEFAULT_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> Any:
+        """Decorate a handler `fn(ctx) -> JSON` (sync or async) as a task node."""
+
+        def wrap(f: Callable[..., Any]) -> Node:
+            spec = self._spec(name or f.__name__, NodeKind.TASK, after, timeout, max_attempts)
+            return self._add(Node(self, spec, fn=f))
+
+        return wrap(fn) if fn is not None else wrap
+
+    def map(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        items: Callable[..., Any],
+        name: str | None = None,
+        after: Sequence[Node | str] = (),
+        timeout: Duration | None = DEFAULT_TIMEOUT,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> Any:
+        """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`)."""
+        if not callable(items):
+            raise GraphError(f"workflow {self.name!r}: map items must be a callable(ctx) -> list")
+
+        def wrap(f: Callable[..., Any]) -> Node:
+            spec = self._spec(name or f.__name__, NodeKind.MAP, after, timeout, max_attempts)
+            return self._add(Node(self, spec, fn=f, items=items))
+
+        return wrap(fn) if fn is not None else wrap
+
+    def wait(
+        self,
+        name: str,
+        *,
+        signal: str | None = None,
+        after: Sequence[Node | str] = (),
+        max_wait: Duration | None = None,
+    ) -> Node:
+        """Park until `signal` (default: the node's name) is sent to the run."""
+        spec = self._spec(name, NodeKind.WAIT, after, None, 1)
+        sig = signal if signal is not None else name
+        if not isinstance(sig, str) or not sig:
+            raise GraphError(f"workflow {self.name!r}: node {name!r} needs a signal name")
+        spec = _replace(spec, signal=sig, max_wait=seconds(max_wait, self._what(name, "max_wait")))
+        return self._add(Node(self, spec))
+
+    def sleep(self, name: str, duration: Duration, *, after: Sequence[Node | str] = ()) -> Node:
+        """Park for `duration`, measured on the database clock."""
+        spec = self._spec(name, NodeKind.SLEEP, after, None, 1)
+        dur = seconds(duration, self._what(name, "duration"))
+        if dur is None:
+            raise GraphError(f"{self._what(name, 'duration')}: a sleep needs a duration")
+        return self._add(Node(self, _replace(spec, duration=dur)))
+
+    def child(
+        self,
+        name: str,
+        workflow: Workflow | str,
+        *,
+        after: Sequence[Node | str] = (),
+        input: Any = _UNSET,
+        max_wait: Duration | None = None,
+    ) -> Node:
+        """Start `workflow` as a child run and wait for it; its output is this node's output.
+
+        `input` is a callable(ctx) or a JSON value; by default the child gets the run's input.
+        """
+        if not isinstance(workflow, Workflow | str):
+            raise GraphError(f"{self._what(name, 'workflow')}: expected a Workflow or a name")
+        child_name = workflow.name if isinstance(workflow, Workflow) else workflow
+        if child_name == self.name:
+            raise GraphError(f"{self._what(name, 'workflow')}: a workflow cannot start itself")
+        spec = self._spec(name, NodeKind.CHILD, after, None, 1)
+        spec = _replace(
+            spec, child=child_name, max_wait=seconds(max_wait, self._what(name, "max_wait"))
+        )
+        return self._add(Node(self, spec, child=workflow, child_input=input))
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _what(self, node: str, key: str) -> str:
+        return f"workflow {self.name!r}: node {node!r}: {key}"
+
+    def _spec(
+        self,
+        name: str,
+        kind: NodeKind,
+        after: Sequence[Node | str],
+        timeout: Duration | None,
+        max_attempts: int,
+    ) -> NodeSpec:
+        if not isinstance(name, str) or not name or name != name.strip():
+            raise GraphError(f"workflow {self.name!r}: invalid node name {name!r}")
+        if name in self._nodes:
+            raise GraphError(f"workflow {self.name!r}: node {name!r} is defined twice")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise GraphError(f"{self._what(name, 'max_attempts')}: expected an integer >= 1")
+        if isinstance(after, Node | str):
+            after = [after]
+        deps: list[str] = []
+        for dep in after:
+            dep_name = self._dep_name(name, dep)
+            if dep_name not in deps:
+                deps.append(dep_name)
+        secs = seconds(timeout, self._what(name, "timeout"))
+        return NodeSpec(
+            name=name,
+            kind=kind,
+            after=tuple(deps),
+            max_attempts=max_attempts,
+            timeout=secs if secs else None,
+        )
+
+    def _dep_name(self, name: str, dep: Node | str) -> str:
+        if isinstance(dep, Node):
+            if dep.workflow is not self:
+                raise GraphError(
+                    f"workflow {self.name!r}: node {name!r} runs after {dep.name!r}, "
+                    f"a node of another workflow ({dep.workflow.name!r})"
+                )
+            dep = dep.name
+        if not isinstance(dep, str) or dep not in self._nodes:
+            raise GraphError(
+                f"workflow {self.name!r}: node {name!r} runs after unknown node {dep!r}"
+            )
+        return dep
+
+    def _add(self, node: Node) -> Node:
+        self._nodes[node.name] = node
+        self._graph = None
+        return node
+
+
+def _replace(spec: NodeSpec, **changes: Any) -> NodeSpec:
+    from dataclasses import replace
+
+    return replace(spec, **changes)
+
+
+class Registry(Mapping[str, Workflow]):
+    """Workflows by name, with the code to run them; child workflows are included."""
+
+    def __init__(self, workflows: Iterable[Workflow] = ()) -> None:
+        self._by_name: dict[str, Workflow] = {}
+        for wf in workflows:
+            self.add(wf)
+
+    def add(self, workflow: Workflow) -> None:
+        if not isinstance(workflow, Workflow):
+            raise TypeError(f"expected a Workflow, got {workflow!r}")
+        for wf in (workflow, *workflow.children()):
+            known = self._by_name.get(wf.name)
+            if known is not None and known is not wf:
+                raise GraphError(f"two different workflows are named {wf.name!r}")
+            wf.graph  # noqa: B018 - validates now, not at the first run
+            self._by_name[wf.name] = wf
+
+    def __getitem__(self, name: str) -> Workflow:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise WorkflowNotFound(
+                f"no workflow named {name!r} is loaded in this process"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def node(self, workflow: str, node: str) -> Node:
+        wf = self[workflow]
+        try:
+            return wf.nodes[node]
+        except KeyError:
+            raise WorkflowNotFound(
+                f"workflow {workflow!r} has no node {node!r} in this process"
+            ) from None
+
+
+def load_modules(names: Iterable[str]) -> Registry:
+    """Import each module and collect the Workflow objects defined at its top level."""
+    registry = Registry()
+    for module_name in names:
+        module = importlib.import_module(module_name)
+        for value in vars(module).values():
+            if isinstance(value, Workflow):
+                registry.add(value)
+    return registry
