@@ -42,6 +42,7 @@ __all__ = [
     "RunStuck",
     "StepContext",
     "StepInfo",
+    "StepNotFound",
     "StepState",
     "Workflow",
     "WorkflowNotFound",

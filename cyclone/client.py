@@ -13,7 +13,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone import engine
-from cyclone.db import MAX_PAYLOAD_BYTES, encode_json, resolve_dsn, with_dict_rows
+from cyclone.db import MAX_PAYLOAD_BYTES, callers, encode_json, resolve_dsn
 from cyclone.engine.graphs import current_graph, register_workflows
 from cyclone.errors import RunNotFound, StepNotFound
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
@@ -30,17 +30,24 @@ def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
         return 0.0
     if isinstance(run_deadline, bool) or not isinstance(run_deadline, timedelta | int | float):
         raise TypeError(f"run_deadline: expected a timedelta or seconds, got {run_deadline!r}")
-    secs = (run_deadline.total_seconds() if isinstance(run_deadline, timedelta)
-            else float(run_deadline))
+    secs = (
+        run_deadline.total_seconds() if isinstance(run_deadline, timedelta) else float(run_deadline)
+    )
     return secs if secs > 0 else 0.0
 
 
 class Client:
     """Talks to Cyclone's tables. Thread-safe; connections come from a small pool."""
 
-    def __init__(self, dsn: str | None = None, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES,
-                 pool_size: int = 4, _clock: Clock | None = None,
-                 _on_workflow: Callable[[Workflow], None] | None = None) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        pool_size: int = 4,
+        _clock: Clock | None = None,
+        _on_workflow: Callable[[Workflow], None] | None = None,
+    ) -> None:
         self.dsn = resolve_dsn(dsn)
         self.max_payload_bytes = max_payload_bytes
         self._pool_size = pool_size
@@ -57,18 +64,21 @@ class Client:
 
         return cls(load_config(path).database.url)
 
-    # -- connections --------------------------------------------------------------------------
+    # -- connections ---
 
     @contextmanager
     def connection(self, conn: Conn | None = None) -> Iterator[Conn]:
         """The caller's connection when given, else one from the pool."""
         if conn is not None:
-            yield with_dict_rows(conn)
+            yield callers(conn)  # type: ignore[misc]
             return
         with self._lock:
             if self._pool is None:
                 self._pool = ConnectionPool(
-                    self.dsn, min_size=1, max_size=self._pool_size, open=True,
+                    self.dsn,
+                    min_size=1,
+                    max_size=self._pool_size,
+                    open=True,
                     kwargs={"autocommit": True, "row_factory": psycopg.rows.dict_row},
                 )
         with self._pool.connection() as pooled:
@@ -86,11 +96,17 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- submitting -----------------------------------------------------------------------------
+    # -- submitting ---
 
-    def submit(self, workflow: Workflow | str, input: Any = None, *,
-               run_deadline: timedelta | float | None = None, key: str | None = None,
-               conn: Conn | None = None) -> str:
+    def submit(
+        self,
+        workflow: Workflow | str,
+        input: Any = None,
+        *,
+        run_deadline: timedelta | float | None = None,
+        key: str | None = None,
+        conn: Conn | None = None,
+    ) -> str:
         """Start a run; returns its id. With `key`, a second submit returns the first run's id."""
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: expected a non-empty string, got {key!r}")
@@ -99,27 +115,49 @@ class Client:
         with self.connection(conn) as c, c.transaction():
             graph = self._graph(c, workflow)
             run_id = str(uuid.uuid4())
-            inserted = engine.submit_runs(c, graph.workflow, graph.hash, [run_id], [text],
-                                          _roots(graph), deadline=deadline, key=key,
-                                          now=self._clock())
+            inserted = engine.submit_runs(
+                c,
+                graph.workflow,
+                graph.hash,
+                [run_id],
+                [text],
+                _roots(graph),
+                deadline=deadline,
+                key=key,
+                now=self._clock(),
+            )
             if inserted:
                 return inserted[0]
             row = c.execute(QUERIES["run_by_key"], {"key": key}).fetchone()
             return str(row["id"])
 
-    def submit_many(self, workflow: Workflow | str, inputs: Iterable[Any], *,
-                    run_deadline: timedelta | float | None = None) -> list[str]:
+    def submit_many(
+        self,
+        workflow: Workflow | str,
+        inputs: Iterable[Any],
+        *,
+        run_deadline: timedelta | float | None = None,
+    ) -> list[str]:
         """Start one run per input in one round trip; returns the run ids in order."""
-        texts = [encode_json(inp, f"inputs[{i}]", self.max_payload_bytes)
-                 for i, inp in enumerate(inputs)]
+        texts = [
+            encode_json(inp, f"inputs[{i}]", self.max_payload_bytes) for i, inp in enumerate(inputs)
+        ]
         if not texts:
             return []
         deadline = deadline_seconds(run_deadline)
         ids = [str(uuid.uuid4()) for _ in texts]
         with self.connection() as c, c.transaction():
             graph = self._graph(c, workflow)
-            engine.submit_runs(c, graph.workflow, graph.hash, ids, texts, _roots(graph),
-                               deadline=deadline, now=self._clock())
+            engine.submit_runs(
+                c,
+                graph.workflow,
+                graph.hash,
+                ids,
+                texts,
+                _roots(graph),
+                deadline=deadline,
+                now=self._clock(),
+            )
         return ids
 
     def _graph(self, conn: Conn, workflow: Workflow | str) -> Graph:
@@ -133,7 +171,7 @@ class Client:
             return graph
         return current_graph(conn, workflow)
 
-    # -- reading ----------------------------------------------------------------------------------
+    # -- reading ---
 
     def get_run(self, run_id: str) -> RunStatus:
         with self.connection() as c:
@@ -167,13 +205,18 @@ class Client:
                 now = self._clock() or c.execute(QUERIES["clock_now"]).fetchone()["now"]
             since = now - since
         with self.connection() as c:
-            rows = c.execute(QUERIES["dlq_list"], {
-                "reason": str(q.reason) if q.reason else None, "workflow": q.workflow,
-                "since": since, "limit": q.limit,
-            }).fetchall()
+            rows = c.execute(
+                QUERIES["dlq_list"],
+                {
+                    "reason": str(q.reason) if q.reason else None,
+                    "workflow": q.workflow,
+                    "since": since,
+                    "limit": q.limit,
+                },
+            ).fetchall()
         return [StepInfo.from_row(r) for r in rows]
 
-    # -- control ------------------------------------------------------------------------------------
+    # -- control ---
 
     def cancel(self, run_id: str) -> bool:
         with self.connection() as c:
@@ -204,8 +247,14 @@ def _run_uuid(run_id: str) -> str:
         raise RunNotFound(f"no run {run_id!r} (not a run id)") from None
 
 
-def submit(client: Client, workflow: Workflow | str, input: Any = None, *,
-           run_deadline: timedelta | float | None = None, key: str | None = None,
-           conn: Conn | None = None) -> str:
+def submit(
+    client: Client,
+    workflow: Workflow | str,
+    input: Any = None,
+    *,
+    run_deadline: timedelta | float | None = None,
+    key: str | None = None,
+    conn: Conn | None = None,
+) -> str:
     """`cyclone.submit(client, wf, input, run_deadline=...)`: the same as `client.submit`."""
     return client.submit(workflow, input, run_deadline=run_deadline, key=key, conn=conn)

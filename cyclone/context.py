@@ -39,14 +39,37 @@ class StepContext:
     cooperative handler checks it and stops. One that does not is killed anyway.
     """
 
-    __slots__ = ("_deadline_left", "_loader", "_results", "_started", "attempt", "deadline",
-                 "done", "input", "item", "node", "run_id", "step_id", "workflow")
+    __slots__ = (
+        "_deadline_left",
+        "_loader",
+        "_results",
+        "_started",
+        "attempt",
+        "deadline",
+        "done",
+        "input",
+        "item",
+        "node",
+        "run_id",
+        "step_id",
+        "workflow",
+    )
 
-    def __init__(self, *, run_id: str, step_id: int, workflow: str, node: str, attempt: int,
-                 input: Any, item: Any = None, deadline: datetime | None = None,
-                 deadline_left: float | None = None, done: threading.Event | None = None,
-                 results: Callable[[], Mapping[str, Any]] | Mapping[str, Any] | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        step_id: int,
+        workflow: str,
+        node: str,
+        attempt: int,
+        input: Any,
+        item: Any = None,
+        deadline: datetime | None = None,
+        deadline_left: float | None = None,
+        done: threading.Event | None = None,
+        results: Callable[[], Mapping[str, Any]] | Mapping[str, Any] | None = None,
+    ) -> None:
         self.run_id = run_id
         self.step_id = step_id
         self.workflow = workflow

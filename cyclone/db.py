@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -83,7 +84,11 @@ def retrying(fn: Callable[[], T]) -> T:
 
 
 class DictRows:
-    """A caller's connection seen with dict rows, whatever row factory it was opened with."""
+    """A caller's connection, seen with dict rows, whose transaction is the caller's own.
+
+    Work done through it joins the caller's transaction and never commits it: the caller's
+    commit or rollback decides.
+    """
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
@@ -92,8 +97,8 @@ class DictRows:
         return self._conn.cursor(row_factory=dict_row).execute(query, params)
 
     def transaction(self) -> Any:
-        return self._conn.transaction()
+        return contextlib.nullcontext()
 
 
-def with_dict_rows(conn: psycopg.Connection[Any]) -> Any:
-    return conn if conn.row_factory is dict_row else DictRows(conn)
+def callers(conn: psycopg.Connection[Any]) -> DictRows:
+    return DictRows(conn)

@@ -26,16 +26,19 @@ def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
     conn.execute(QUERIES["migration_lock"])
     try:
         conn.execute(QUERIES["migration_table_create"])
-        done = {row[0] if isinstance(row, tuple) else row["version"]
-                for row in conn.execute(QUERIES["migration_applied"]).fetchall()}
+        done = {
+            row[0] if isinstance(row, tuple) else row["version"]
+            for row in conn.execute(QUERIES["migration_applied"]).fetchall()
+        }
         for version, name, sql in migrations():
             if version in done:
                 continue
             with conn.transaction():
                 conn.execute(sql.encode())  # type: ignore[arg-type] - a whole file of DDL
                 conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
-            logger.info("applied migration %04d_%s", version, name,
-                        extra={"action": "migration_applied"})
+            logger.info(
+                "applied migration %04d_%s", version, name, extra={"action": "migration_applied"}
+            )
             applied_now.append(version)
     finally:
         conn.execute(QUERIES["migration_unlock"])

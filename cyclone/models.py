@@ -34,11 +34,18 @@ class RunStatus:
         elif state != RunState.FAILED:
             kind, error = None, None
         return cls(
-            id=str(row["id"]), workflow=row["workflow"], state=state, input=row["input"],
-            output=row["output"], error_kind=ErrorKind(kind) if kind else None, error=error,
+            id=str(row["id"]),
+            workflow=row["workflow"],
+            state=state,
+            input=row["input"],
+            output=row["output"],
+            error_kind=ErrorKind(kind) if kind else None,
+            error=error,
             parent_run_id=str(row["parent_run_id"]) if row["parent_run_id"] else None,
-            created_at=row["created_at"], deadline_at=row["deadline_at"],
-            paused_at=row["paused_at"], finished_at=row["finished_at"],
+            created_at=row["created_at"],
+            deadline_at=row["deadline_at"],
+            paused_at=row["paused_at"],
+            finished_at=row["finished_at"],
         )
 
 
@@ -61,12 +68,19 @@ class StepInfo:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepInfo:
         return cls(
-            id=row["id"], run_id=str(row["run_id"]), workflow=row["workflow"], node=row["node"],
-            kind=NodeKind(row["kind"]), state=StepState(row["state"]), attempt=row["attempt"],
+            id=row["id"],
+            run_id=str(row["run_id"]),
+            workflow=row["workflow"],
+            node=row["node"],
+            kind=NodeKind(row["kind"]),
+            state=StepState(row["state"]),
+            attempt=row["attempt"],
             error=row["error"],
             error_kind=ErrorKind(row["error_kind"]) if row["error_kind"] else None,
-            created_at=row["created_at"], started_at=row["started_at"],
-            completed_at=row["completed_at"], item_index=row.get("item_index"),
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            completed_at=row["completed_at"],
+            item_index=row.get("item_index"),
         )
 
 

@@ -62,15 +62,23 @@ def load_results(conn: Conn, lease: Lease) -> dict[str, Any]:
 
 def make_context(conn: Conn, lease: Lease, done: threading.Event | None = None) -> StepContext:
     return StepContext(
-        run_id=lease.run_id, step_id=lease.step_id, workflow=lease.workflow, node=lease.node,
-        attempt=lease.attempt, input=lease.input, item=lease.item, deadline=lease.deadline_at,
-        deadline_left=lease.deadline_left, done=done or CancelEvent(),
+        run_id=lease.run_id,
+        step_id=lease.step_id,
+        workflow=lease.workflow,
+        node=lease.node,
+        attempt=lease.attempt,
+        input=lease.input,
+        item=lease.item,
+        deadline=lease.deadline_at,
+        deadline_left=lease.deadline_left,
+        done=done or CancelEvent(),
         results=lambda: load_results(conn, lease),
     )
 
 
-def execute(conn: Conn, registry: Registry, lease: Lease, *,
-            done: threading.Event | None = None) -> Outcome:
+def execute(
+    conn: Conn, registry: Registry, lease: Lease, *, done: threading.Event | None = None
+) -> Outcome:
     """Run the user code behind a leased step and check what it gave back."""
     ctx = make_context(conn, lease, done)
     try:
@@ -79,7 +87,8 @@ def execute(conn: Conn, registry: Registry, lease: Lease, *,
             value = node.items(ctx) if node.items else []
             if not isinstance(value, list | tuple):
                 return Outcome.failed(
-                    f"map items must be a list, got {type(value).__name__}", retry=False)
+                    f"map items must be a list, got {type(value).__name__}", retry=False
+                )
         elif lease.kind == NodeKind.CHILD:
             value = _child_input(node, ctx)
         else:
@@ -101,14 +110,22 @@ def execute(conn: Conn, registry: Registry, lease: Lease, *,
 def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None = None) -> bool:
     """Write the outcome under the lease; False when the lease was lost (result discarded)."""
     if not outcome.ok:
-        return fail_step(conn, lease.step_id, lease.token, kind=outcome.kind,
-                         error=outcome.error or "failed", retry=outcome.retry, now=now)
+        return fail_step(
+            conn,
+            lease.step_id,
+            lease.token,
+            kind=outcome.kind,
+            error=outcome.error or "failed",
+            retry=outcome.retry,
+            now=now,
+        )
     if lease.is_fanout:
         return expand_map(conn, lease, list(outcome.value), now=now)
     if lease.kind == NodeKind.CHILD:
         spec = graph_by_hash(conn, lease.graph_hash).nodes[lease.node]
-        child = start_child(conn, lease, spec.child or "", outcome.value,
-                            max_wait=spec.max_wait, now=now)
+        child = start_child(
+            conn, lease, spec.child or "", outcome.value, max_wait=spec.max_wait, now=now
+        )
         return child is not None
     return complete_step(conn, lease, outcome.value, now=now)
 
@@ -140,7 +157,7 @@ def _child_input(node: Any, ctx: StepContext) -> Any:
 
 def _describe(exc: BaseException) -> str:
     head = f"{type(exc).__name__}: {exc}"
-    tail = "".join(traceback.format_exception(exc))[-(_MAX_ERROR_CHARS // 2):]
+    tail = "".join(traceback.format_exception(exc))[-(_MAX_ERROR_CHARS // 2) :]
     return f"{head}\n{tail}"
 
 

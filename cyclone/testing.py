@@ -62,7 +62,7 @@ class TestEnv:
         self.client = Client(self.dsn, _clock=self.now, _on_workflow=self.register)
         self.register(*workflows)
 
-    # -- setup ------------------------------------------------------------------------------------
+    # -- setup ---
 
     def register(self, *workflows: Workflow) -> None:
         """Load these workflows' code and register their graphs, as a supervisor does."""
@@ -84,11 +84,13 @@ class TestEnv:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- the clock -----------------------------------------------------------------------------------
+    # -- the clock ---
 
     def now(self) -> datetime:
         """The env's database clock: the server's time, moved forward by advance_time."""
-        return self._db_start + timedelta(seconds=time.monotonic() - self._mono_start) + self._offset
+        return (
+            self._db_start + timedelta(seconds=time.monotonic() - self._mono_start) + self._offset
+        )
 
     def advance_time(self, delta: timedelta | float) -> None:
         if not isinstance(delta, timedelta):
@@ -97,12 +99,17 @@ class TestEnv:
             raise ValueError("time only moves forward")
         self._offset += delta
 
-    # -- running -------------------------------------------------------------------------------------
+    # -- running ---
 
     def run_one(self) -> bool:
         """Lease, run and record one due step; False when none is due."""
-        lease = engine.lease_step(self.conn, worker=_TEST_WORKER, workflows=list(self.registry),
-                                  lease_ttl=_LEASE_TTL, now=self.now())
+        lease = engine.lease_step(
+            self.conn,
+            worker=_TEST_WORKER,
+            workflows=list(self.registry),
+            lease_ttl=_LEASE_TTL,
+            now=self.now(),
+        )
         if lease is None:
             return False
         outcome = runner.execute(self.conn, self.registry, lease)

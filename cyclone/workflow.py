@@ -205,7 +205,7 @@ class Workflow:
                 yield node.child
                 yield from node.child.children()
 
-    # -- node definitions -------------------------------------------------------------------
+    # -- node definitions ---
 
     def task(
         self,
@@ -292,7 +292,7 @@ class Workflow:
         )
         return self._add(Node(self, spec, child=workflow, child_input=input))
 
-    # -- helpers ----------------------------------------------------------------------------
+    # -- helpers ---
 
     def _what(self, node: str, key: str) -> str:
         return f"workflow {self.name!r}: node {node!r}: {key}"

@@ -41,38 +41,47 @@ def node_rows(specs: Sequence[NodeSpec]) -> dict[str, list[Any]]:
     }
 
 
-def make_steps(conn: Conn, run: RunRef, graph: Graph, names: Sequence[str],
-               now: datetime | None) -> None:
-    params = {"run_id": run.id, "workflow": run.workflow, "now": now,
-              **node_rows([graph.nodes[n] for n in names])}
+def make_steps(
+    conn: Conn, run: RunRef, graph: Graph, names: Sequence[str], now: datetime | None
+) -> None:
+    params = {
+        "run_id": run.id,
+        "workflow": run.workflow,
+        "now": now,
+        **node_rows([graph.nodes[n] for n in names]),
+    }
     for row in conn.execute(QUERIES["step_insert"], params).fetchall():
         if row["kind"] == NodeKind.WAIT:
             consume_signal(conn, run, graph, row["id"], row["signal"], now)
 
 
-def consume_signal(conn: Conn, run: RunRef, graph: Graph, step_id: int, name: str,
-                   now: datetime | None) -> None:
+def consume_signal(
+    conn: Conn, run: RunRef, graph: Graph, step_id: int, name: str, now: datetime | None
+) -> None:
     """A wait reached after its signal was sent takes the oldest kept signal at once."""
-    sig = conn.execute(QUERIES["signal_consume"],
-                       {"run_id": run.id, "name": name, "step_id": step_id}).fetchone()
+    sig = conn.execute(
+        QUERIES["signal_consume"], {"run_id": run.id, "name": name, "step_id": step_id}
+    ).fetchone()
     if sig is not None:
         settle_waiting(conn, run, graph, step_id, sig["payload"], now)
 
 
-def settle_waiting(conn: Conn, run: RunRef, graph: Graph | None, step_id: int, output: Any,
-                   now: datetime | None) -> bool:
+def settle_waiting(
+    conn: Conn, run: RunRef, graph: Graph | None, step_id: int, output: Any, now: datetime | None
+) -> bool:
     from cyclone.db import encode_json
 
-    row = conn.execute(QUERIES["step_settle_waiting"],
-                       {"step_id": step_id, "output": encode_json(output), "now": now}).fetchone()
+    row = conn.execute(
+        QUERIES["step_settle_waiting"],
+        {"step_id": step_id, "output": encode_json(output), "now": now},
+    ).fetchone()
     if row is None:
         return False
     node_completed(conn, run, graph or graph_by_hash(conn, run.graph_hash), row["node"], now)
     return True
 
 
-def node_completed(conn: Conn, run: RunRef, graph: Graph, node: str,
-                   now: datetime | None) -> None:
+def node_completed(conn: Conn, run: RunRef, graph: Graph, node: str, now: datetime | None) -> None:
     """Give steps to the downstream nodes whose dependencies are now all complete."""
     down = graph.downstream[node]
     if not down:
@@ -95,16 +104,31 @@ def map_completed(conn: Conn, run_id: str, node: str) -> bool:
 
 
 def complete_run_if_done(conn: Conn, run: RunRef, graph: Graph, now: datetime | None) -> None:
-    row = conn.execute(QUERIES["run_complete_if_done"], {
-        "run_id": run.id, "sinks": list(graph.sinks), "node_count": len(graph.nodes), "now": now,
-    }).fetchone()
+    row = conn.execute(
+        QUERIES["run_complete_if_done"],
+        {
+            "run_id": run.id,
+            "sinks": list(graph.sinks),
+            "node_count": len(graph.nodes),
+            "now": now,
+        },
+    ).fetchone()
     if row is not None and row["parent_run_id"] is not None:
-        child_finished(conn, row["parent_run_id"], row["parent_step_id"], run.id, now,
-                       output=row["output"])
+        child_finished(
+            conn, row["parent_run_id"], row["parent_step_id"], run.id, now, output=row["output"]
+        )
 
 
-def child_finished(conn: Conn, parent_id: str, parent_step_id: int, child_id: str,
-                   now: datetime | None, *, output: Any = None, failure: str | None = None) -> None:
+def child_finished(
+    conn: Conn,
+    parent_id: str,
+    parent_step_id: int,
+    child_id: str,
+    now: datetime | None,
+    *,
+    output: Any = None,
+    failure: str | None = None,
+) -> None:
     """A child run ended: its parent's child node completes with its output, or dies."""
     parent = lock_run(conn, parent_id)
     if parent is None or parent["state"] not in ("running", "paused"):
@@ -113,10 +137,15 @@ def child_finished(conn: Conn, parent_id: str, parent_step_id: int, child_id: st
     if failure is None:
         settle_waiting(conn, ref, None, parent_step_id, output, now)
         return
-    row = conn.execute(QUERIES["step_kill_waiting"], {
-        "step_id": parent_step_id, "kind": ErrorKind.CHILD_FAILED, "now": now,
-        "error": f"child run {child_id} {failure}",
-    }).fetchone()
+    row = conn.execute(
+        QUERIES["step_kill_waiting"],
+        {
+            "step_id": parent_step_id,
+            "kind": ErrorKind.CHILD_FAILED,
+            "now": now,
+            "error": f"child run {child_id} {failure}",
+        },
+    ).fetchone()
     if row is not None:
         fail_run(conn, parent_id, now)
 
@@ -135,8 +164,14 @@ def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
     notify_revoked(conn)
     if row["parent_run_id"] is not None:
         failure = describe_failure(conn, run_id)
-        child_finished(conn, row["parent_run_id"], row["parent_step_id"], run_id, now,
-                       failure=f"failed: {failure}")
+        child_finished(
+            conn,
+            row["parent_run_id"],
+            row["parent_step_id"],
+            run_id,
+            now,
+            failure=f"failed: {failure}",
+        )
 
 
 def describe_failure(conn: Conn, run_id: str) -> str:
@@ -145,11 +180,13 @@ def describe_failure(conn: Conn, run_id: str) -> str:
     return f"{failure.get('error_kind', 'error')}: {failure.get('error', '')}".rstrip(": ")
 
 
-def cancel_runs(conn: Conn, run_ids: Iterable[str], now: datetime | None, *,
-                notify: bool = True) -> list[dict[str, Any]]:
+def cancel_runs(
+    conn: Conn, run_ids: Iterable[str], now: datetime | None, *, notify: bool = True
+) -> list[dict[str, Any]]:
     """Cancel these runs and their descendants; returns the runs that changed."""
-    rows = conn.execute(QUERIES["run_cancel_tree"],
-                        {"run_ids": list(run_ids), "now": now}).fetchall()
+    rows = conn.execute(
+        QUERIES["run_cancel_tree"], {"run_ids": list(run_ids), "now": now}
+    ).fetchall()
     if rows and notify:
         notify_revoked(conn)
     return rows

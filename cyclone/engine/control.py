@@ -42,8 +42,14 @@ def cancel_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
                 return False
             cancel_runs(conn, [run["id"]], now)
             if run["parent_run_id"] is not None:
-                child_finished(conn, run["parent_run_id"], run["parent_step_id"], str(run["id"]),
-                               now, failure="was cancelled")
+                child_finished(
+                    conn,
+                    run["parent_run_id"],
+                    run["parent_step_id"],
+                    str(run["id"]),
+                    now,
+                    failure="was cancelled",
+                )
             return True
 
     return retrying(tx)
@@ -63,8 +69,9 @@ def resume_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
         return row.fetchone() is not None
 
 
-def signal_run(conn: Conn, run_id: str, name: str, payload: Any = None, *,
-               now: datetime | None = None) -> bool:
+def signal_run(
+    conn: Conn, run_id: str, name: str, payload: Any = None, *, now: datetime | None = None
+) -> bool:
     """Deliver a signal to the wait that expects it, or keep it until that wait is reached.
 
     False when the run has already finished.
@@ -79,12 +86,19 @@ def signal_run(conn: Conn, run_id: str, name: str, payload: Any = None, *,
             if run["state"] not in _LIVE:
                 return False
             ref = RunRef(str(run["id"]), run["workflow"], run["graph_hash"])
-            step = conn.execute(QUERIES["step_waiting_for_signal"],
-                                {"run_id": ref.id, "name": name}).fetchone()
-            conn.execute(QUERIES["signal_insert"], {
-                "run_id": ref.id, "name": name, "payload": text, "now": now,
-                "consumed_by": step["id"] if step else None,
-            })
+            step = conn.execute(
+                QUERIES["step_waiting_for_signal"], {"run_id": ref.id, "name": name}
+            ).fetchone()
+            conn.execute(
+                QUERIES["signal_insert"],
+                {
+                    "run_id": ref.id,
+                    "name": name,
+                    "payload": text,
+                    "now": now,
+                    "consumed_by": step["id"] if step else None,
+                },
+            )
             if step is not None:
                 import json
 

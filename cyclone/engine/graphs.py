@@ -26,8 +26,7 @@ def register_workflows(conn: psycopg.Connection[Any], workflows: Iterable[Workfl
     with conn.transaction():
         for wf in seen.values():
             graph = wf.graph
-            params = {"hash": graph.hash, "workflow": wf.name,
-                      "graph": json.dumps(graph.to_json())}
+            params = {"hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json())}
             conn.execute(QUERIES["graph_register"], params)
             conn.execute(QUERIES["workflow_register"], params)
             _BY_HASH[graph.hash] = graph

@@ -70,29 +70,59 @@ class Lease:
         return RunRef(self.run_id, self.workflow, self.graph_hash)
 
 
-def lease_step(conn: Conn, *, worker: str, workflows: Sequence[str] | None = None,
-               lease_ttl: float = DEFAULT_LEASE_TTL, now: datetime | None = None) -> Lease | None:
+def lease_step(
+    conn: Conn,
+    *,
+    worker: str,
+    workflows: Sequence[str] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    now: datetime | None = None,
+) -> Lease | None:
     """Lease the oldest due step (of these workflows, when given), or None."""
-    row = conn.execute(QUERIES["step_lease"], {
-        "worker": worker, "workflows": list(workflows) if workflows is not None else None,
-        "ttl": lease_ttl, "now": now,
-    }).fetchone()
+    row = conn.execute(
+        QUERIES["step_lease"],
+        {
+            "worker": worker,
+            "workflows": list(workflows) if workflows is not None else None,
+            "ttl": lease_ttl,
+            "now": now,
+        },
+    ).fetchone()
     if row is None:
         return None
     return Lease(
-        step_id=row["id"], run_id=str(row["run_id"]), workflow=row["workflow"], node=row["node"],
-        kind=NodeKind(row["kind"]), attempt=row["attempt"], max_attempts=row["max_attempts"],
-        token=str(row["lease_token"]), input=row["input"], item_index=row["item_index"],
-        item=row["item"], deadline_at=row["deadline_at"], graph_hash=row["graph_hash"],
-        kill_after=row["kill_after"], deadline_left=row["deadline_left"], lease_ttl=lease_ttl,
+        step_id=row["id"],
+        run_id=str(row["run_id"]),
+        workflow=row["workflow"],
+        node=row["node"],
+        kind=NodeKind(row["kind"]),
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        token=str(row["lease_token"]),
+        input=row["input"],
+        item_index=row["item_index"],
+        item=row["item"],
+        deadline_at=row["deadline_at"],
+        graph_hash=row["graph_hash"],
+        kill_after=row["kill_after"],
+        deadline_left=row["deadline_left"],
+        lease_ttl=lease_ttl,
     )
 
 
-def heartbeat(conn: Conn, step_id: int, token: str, *, lease_ttl: float = DEFAULT_LEASE_TTL,
-              now: datetime | None = None) -> bool:
+def heartbeat(
+    conn: Conn,
+    step_id: int,
+    token: str,
+    *,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    now: datetime | None = None,
+) -> bool:
     """Extend the lease; False when it is no longer ours."""
-    row = conn.execute(QUERIES["step_heartbeat"],
-                       {"step_id": step_id, "token": token, "ttl": lease_ttl, "now": now})
+    row = conn.execute(
+        QUERIES["step_heartbeat"],
+        {"step_id": step_id, "token": token, "ttl": lease_ttl, "now": now},
+    )
     return row.fetchone() is not None
 
 
@@ -102,10 +132,16 @@ def complete_step(conn: Conn, lease: Lease, output: Any, *, now: datetime | None
 
     def tx() -> bool:
         with conn.transaction():
-            row = conn.execute(QUERIES["step_complete"], {
-                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
-                "output": text, "now": now,
-            }).fetchone()
+            row = conn.execute(
+                QUERIES["step_complete"],
+                {
+                    "run_id": lease.run_id,
+                    "step_id": lease.step_id,
+                    "token": lease.token,
+                    "output": text,
+                    "now": now,
+                },
+            ).fetchone()
             if row is None:
                 return False
             if lease.kind != NodeKind.MAP or map_completed(conn, lease.run_id, lease.node):
@@ -116,8 +152,16 @@ def complete_step(conn: Conn, lease: Lease, output: Any, *, now: datetime | None
     return retrying(tx)
 
 
-def fail_step(conn: Conn, step_id: int, token: str, *, kind: ErrorKind | str, error: str,
-              retry: bool | None = None, now: datetime | None = None) -> bool:
+def fail_step(
+    conn: Conn,
+    step_id: int,
+    token: str,
+    *,
+    kind: ErrorKind | str,
+    error: str,
+    retry: bool | None = None,
+    now: datetime | None = None,
+) -> bool:
     """Record a failed attempt: retried with backoff while attempts remain, else dead.
 
     `retry` defaults to what the error kind says; a dead step fails its run.
@@ -128,11 +172,19 @@ def fail_step(conn: Conn, step_id: int, token: str, *, kind: ErrorKind | str, er
 
     def tx() -> bool:
         with conn.transaction():
-            row = conn.execute(QUERIES["step_fail"], {
-                "step_id": step_id, "token": token, "kind": str(kind), "error": error,
-                "retry": retry, "backoff_base": BACKOFF_BASE, "backoff_cap": BACKOFF_CAP,
-                "now": now,
-            }).fetchone()
+            row = conn.execute(
+                QUERIES["step_fail"],
+                {
+                    "step_id": step_id,
+                    "token": token,
+                    "kind": str(kind),
+                    "error": error,
+                    "retry": retry,
+                    "backoff_base": BACKOFF_BASE,
+                    "backoff_cap": BACKOFF_CAP,
+                    "now": now,
+                },
+            ).fetchone()
             if row is None:
                 return False
             if row["state"] == "dead":
@@ -142,8 +194,9 @@ def fail_step(conn: Conn, step_id: int, token: str, *, kind: ErrorKind | str, er
     return retrying(tx)
 
 
-def expand_map(conn: Conn, lease: Lease, items: Sequence[Any], *,
-               now: datetime | None = None) -> bool:
+def expand_map(
+    conn: Conn, lease: Lease, items: Sequence[Any], *, now: datetime | None = None
+) -> bool:
     """Turn a map's fan-out row into one step per item (none: the node completes with [])."""
     what = f"items of {lease.workflow}/{lease.node}"
     texts = [encode_json(item, f"{what}[{i}]") for i, item in enumerate(items)]
@@ -152,24 +205,42 @@ def expand_map(conn: Conn, lease: Lease, items: Sequence[Any], *,
 
     def tx() -> bool:
         with conn.transaction():
-            row = conn.execute(QUERIES["step_release_items"], {
-                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
-                "item": texts[0], "now": now,
-            }).fetchone()
+            row = conn.execute(
+                QUERIES["step_release_items"],
+                {
+                    "run_id": lease.run_id,
+                    "step_id": lease.step_id,
+                    "token": lease.token,
+                    "item": texts[0],
+                    "now": now,
+                },
+            ).fetchone()
             if row is None:
                 return False
             if len(texts) > 1:
-                conn.execute(QUERIES["step_insert_items"], {
-                    "step_id": lease.step_id, "indexes": list(range(1, len(texts))),
-                    "items": texts[1:], "now": now,
-                })
+                conn.execute(
+                    QUERIES["step_insert_items"],
+                    {
+                        "step_id": lease.step_id,
+                        "indexes": list(range(1, len(texts))),
+                        "items": texts[1:],
+                        "now": now,
+                    },
+                )
             return True
 
     return retrying(tx)
 
 
-def start_child(conn: Conn, lease: Lease, child_workflow: str, child_input: Any, *,
-                max_wait: float | None, now: datetime | None = None) -> str | None:
+def start_child(
+    conn: Conn,
+    lease: Lease,
+    child_workflow: str,
+    child_input: Any,
+    *,
+    max_wait: float | None,
+    now: datetime | None = None,
+) -> str | None:
     """Submit the child run of a child node and park the node on it; returns the child's id."""
     text = encode_json(child_input, f"input of child {child_workflow}")
 
@@ -177,30 +248,63 @@ def start_child(conn: Conn, lease: Lease, child_workflow: str, child_input: Any,
         with conn.transaction():
             graph = current_graph(conn, child_workflow)
             child_id = str(uuid.uuid4())
-            row = conn.execute(QUERIES["step_park_child"], {
-                "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
-                "child_run_id": child_id, "max_wait": max_wait, "now": now,
-            }).fetchone()
+            row = conn.execute(
+                QUERIES["step_park_child"],
+                {
+                    "run_id": lease.run_id,
+                    "step_id": lease.step_id,
+                    "token": lease.token,
+                    "child_run_id": child_id,
+                    "max_wait": max_wait,
+                    "now": now,
+                },
+            ).fetchone()
             if row is None:
                 return None
-            submit_runs(conn, graph.workflow, graph.hash, [child_id], [text],
-                        [graph.nodes[n] for n in graph.roots], parent=(lease.run_id, lease.step_id),
-                        now=now)
+            submit_runs(
+                conn,
+                graph.workflow,
+                graph.hash,
+                [child_id],
+                [text],
+                [graph.nodes[n] for n in graph.roots],
+                parent=(lease.run_id, lease.step_id),
+                now=now,
+            )
             return child_id
 
     return retrying(tx)
 
 
-def submit_runs(conn: Conn, workflow: str, graph_hash: str, ids: list[str], inputs: list[str],
-                roots: Sequence[Any], *, deadline: float | None = None, key: str | None = None,
-                parent: tuple[str, int] | None = None, now: datetime | None = None) -> list[str]:
+def submit_runs(
+    conn: Conn,
+    workflow: str,
+    graph_hash: str,
+    ids: list[str],
+    inputs: list[str],
+    roots: Sequence[Any],
+    *,
+    deadline: float | None = None,
+    key: str | None = None,
+    parent: tuple[str, int] | None = None,
+    now: datetime | None = None,
+) -> list[str]:
     """Insert runs and their root steps (one statement); returns the ids actually inserted."""
-    rows = conn.execute(QUERIES["run_submit"], {
-        "workflow": workflow, "hash": graph_hash, "ids": ids, "inputs": inputs, "key": key,
-        "parent_run_id": parent[0] if parent else None,
-        "parent_step_id": parent[1] if parent else None,
-        "deadline": deadline or 0.0, "now": now, **node_rows(roots),
-    }).fetchall()
+    rows = conn.execute(
+        QUERIES["run_submit"],
+        {
+            "workflow": workflow,
+            "hash": graph_hash,
+            "ids": ids,
+            "inputs": inputs,
+            "key": key,
+            "parent_run_id": parent[0] if parent else None,
+            "parent_step_id": parent[1] if parent else None,
+            "deadline": deadline or 0.0,
+            "now": now,
+            **node_rows(roots),
+        },
+    ).fetchall()
     return [str(r["id"]) for r in rows]
 
 
@@ -208,13 +312,25 @@ def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]
     """Of the (step id -> token) leases held, those no longer valid, with the step's error kind."""
     if not held:
         return {}
-    rows = conn.execute(QUERIES["step_revoked"], {
-        "step_ids": list(held), "tokens": list(held.values()),
-    }).fetchall()
+    rows = conn.execute(
+        QUERIES["step_revoked"],
+        {
+            "step_ids": list(held),
+            "tokens": list(held.values()),
+        },
+    ).fetchall()
     return {r["step_id"]: r["error_kind"] for r in rows}
 
 
 __all__ = [
-    "Lease", "complete_step", "expand_map", "fail_step", "heartbeat", "lease_step",
-    "make_steps", "revoked_leases", "start_child", "submit_runs",
+    "Lease",
+    "complete_step",
+    "expand_map",
+    "fail_step",
+    "heartbeat",
+    "lease_step",
+    "make_steps",
+    "revoked_leases",
+    "start_child",
+    "submit_runs",
 ]

@@ -21,14 +21,16 @@ Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
 
 
-def sweep_deadlines(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
-                    now: datetime | None = None) -> int:
+def sweep_deadlines(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
     """Fail running runs past their deadline; returns how many failed."""
 
     def tx() -> int:
         with conn.transaction():
-            row = conn.execute(QUERIES["run_fail_deadline_passed"],
-                               {"batch_size": batch_size, "now": now}).fetchone()
+            row = conn.execute(
+                QUERIES["run_fail_deadline_passed"], {"batch_size": batch_size, "now": now}
+            ).fetchone()
             if not row["run_ids"]:
                 return 0
             # Child runs of dead-lettered child nodes are cancelled in this same transaction.
@@ -40,14 +42,16 @@ def sweep_deadlines(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
     return retrying(tx)
 
 
-def sweep_expired_leases(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
-                         now: datetime | None = None) -> int:
+def sweep_expired_leases(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
     """Reclaim leases nobody renewed; returns how many steps were reclaimed."""
 
     def tx() -> int:
         with conn.transaction():
-            rows = conn.execute(QUERIES["lease_reclaim_expired"],
-                                {"batch_size": batch_size, "now": now}).fetchall()
+            rows = conn.execute(
+                QUERIES["lease_reclaim_expired"], {"batch_size": batch_size, "now": now}
+            ).fetchall()
             for run_id in {str(r["run_id"]) for r in rows if r["state"] == "dead"}:
                 fail_run(conn, run_id, now)
             if rows:
@@ -57,14 +61,16 @@ def sweep_expired_leases(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
     return retrying(tx)
 
 
-def sweep_max_wait(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
-                   now: datetime | None = None) -> int:
+def sweep_max_wait(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
     """Dead-letter waits and child nodes parked past their max_wait; returns how many."""
 
     def tx() -> int:
         with conn.transaction():
-            rows = conn.execute(QUERIES["wait_expire"],
-                                {"batch_size": batch_size, "now": now}).fetchall()
+            rows = conn.execute(
+                QUERIES["wait_expire"], {"batch_size": batch_size, "now": now}
+            ).fetchall()
             children = [r["child_run_id"] for r in rows if r["child_run_id"] is not None]
             if children:
                 cancel_runs(conn, children, now, notify=False)
@@ -75,14 +81,16 @@ def sweep_max_wait(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
     return retrying(tx)
 
 
-def sweep_sleeps(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
-                 now: datetime | None = None) -> int:
+def sweep_sleeps(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
     """Complete sleeps that are over and advance their runs; returns how many woke."""
 
     def tx() -> int:
         with conn.transaction():
-            rows = conn.execute(QUERIES["sleep_wake"],
-                                {"batch_size": batch_size, "now": now}).fetchall()
+            rows = conn.execute(
+                QUERIES["sleep_wake"], {"batch_size": batch_size, "now": now}
+            ).fetchall()
             for row in rows:
                 run = lock_run(conn, row["run_id"])
                 ref = RunRef(str(run["id"]), run["workflow"], run["graph_hash"])
@@ -92,12 +100,15 @@ def sweep_sleeps(conn: Conn, *, batch_size: int = DEFAULT_BATCH,
     return retrying(tx)
 
 
-def sweep_retention(conn: Conn, *, retention: float, batch_size: int = DEFAULT_BATCH,
-                    now: datetime | None = None) -> int:
+def sweep_retention(
+    conn: Conn, *, retention: float, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
     """Delete finished top-level runs older than `retention` seconds; returns how many."""
     with conn.transaction():
-        cur = conn.execute(QUERIES["run_delete_finished"],
-                           {"retention": retention, "batch_size": batch_size, "now": now})
+        cur = conn.execute(
+            QUERIES["run_delete_finished"],
+            {"retention": retention, "batch_size": batch_size, "now": now},
+        )
         return cur.rowcount
 
 

@@ -1,0 +1,483 @@
+"""Cyclone's configuration: one registry of settings drives loading, validation and the example.
+
+`SETTINGS` is the single source of defaults, types, checks and docs: the section dataclasses,
+`load_config` and `render_example` (config/cyclone.example.toml) all read it, so a key cannot be
+documented in one place and forgotten in another; tests/test_config.py checks they agree.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+import sys
+import textwrap
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from cyclone.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1 << 20  # tomllib's docs warn that hostile TOML can eat CPU and memory
+ENV_DATABASE_URL = "CYCLONE_DATABASE_URL"
+EXAMPLE_DATABASE_URL = "postgresql://cyclone:PASSWORD@db.internal:5432/cyclone"
+
+# --- durations ------------------------------------------------------------------------------
+
+_UNITS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600)}
+_UNITS["d"] = Decimal(86400)
+# ASCII digits only: \d would also take "٣", which no operator means.
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+")
+_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+# Beyond this, timedelta arithmetic downstream overflows; no Cyclone timer needs a century.
+MAX_DURATION = 36500 * 86400.0
+_DURATION_HELP = 'a number of seconds or a string like "500ms", "30s", "5m", "2h", "7d", "1h30m"'
+
+
+def parse_duration(value: object) -> float:
+    """Return `value` in seconds: "500ms", "30s", "5m", "2h", "7d", "1h30m", or a number >= 0."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool) or not isinstance(value, int | float | str):
+        # TOML `true` is a Python int; a boolean where a duration belongs is always a mistake.
+        raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
+    elif isinstance(value, str):
+        text = value.strip()
+        if len(text) > 400:  # bounds the Decimal arithmetic below (it traps on huge exponents)
+            raise ValueError(f"invalid duration {_show(value)}: too long")
+        if text[:1] == "-" and (_PLAIN_NUMBER.fullmatch(text[1:]) or _DURATION.fullmatch(text[1:])):
+            raise ValueError(f"invalid duration {_show(value)}: must not be negative")
+        if _PLAIN_NUMBER.fullmatch(text):
+            seconds = float(Decimal(text))
+        elif _DURATION.fullmatch(text):
+            # Decimal sums exactly, so "1h30m500ms" rounds once, like the number it names.
+            total = sum(Decimal(n) * _UNITS[u] for n, u in _PART.findall(text))
+            seconds = float(total)
+        else:
+            raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
+    elif value != value:  # NaN
+        raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
+    else:
+        # Compare before float(): a huge TOML integer would overflow the conversion.
+        seconds = float(value) if value <= MAX_DURATION else math.inf
+    if seconds < 0:
+        raise ValueError(f"invalid duration {_show(value)}: must not be negative")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"invalid duration {_show(value)}: longer than 36500d")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest string `parse_duration` reads back as exactly `seconds` ("1h30m", "500ms")."""
+    millis = round(seconds * 1000)
+    if float(Decimal(millis) / 1000) != seconds:
+        return format(Decimal(repr(float(seconds))), "f") + "s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, millis = divmod(millis, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if millis or not parts:
+        parts.append(f"{millis}ms" if millis else "0s")
+    return "".join(parts)
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+# Greedy up to the last "@": a raw "@" or "/" in a password must not end the match early.
+_URL_PASSWORD = re.compile("(" + _SCHEME.pattern + r"[^:/?#@]*:).*@", re.IGNORECASE | re.DOTALL)
+# A libpq keyword value: quoted (with \-escapes, maybe unterminated) or up to whitespace, which
+# for libpq is ASCII only: a no-break space is part of the password, so re.ASCII.
+_KV_PASSWORD = re.compile(
+    r"(password\s*=\s*)(?:'(?:[^'\\]|\\.?)*(?:'|$)|\S+)", re.IGNORECASE | re.ASCII | re.DOTALL
+)
+
+
+def redact_dsn(url: str) -> str:
+    """`url` with any password replaced by `***`, in URL and key=value form alike."""
+    url = _URL_PASSWORD.sub(r"\1***@", url)
+    return _KV_PASSWORD.sub(r"\1***", url)
+
+
+def _show(value: object) -> str:
+    """A value as it would look in TOML, redacted, on one line, and short."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = json.dumps(redact_dsn(value), ensure_ascii=False)
+    elif isinstance(value, list | tuple):
+        text = "[" + ", ".join(_show(v) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = "a table"
+    else:
+        text = redact_dsn(str(value))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ValueType:
+    """How a raw TOML value becomes a setting's value; `coerce` raises ValueError if it can't."""
+
+    expected: str
+    coerce: Callable[[Any], Any]
+    render: Callable[[Any], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A constraint on a coerced value; `expected` replaces the type's wording in messages."""
+
+    expected: str
+    test: Callable[[Any], bool]
+
+
+def _exact(kind: type) -> Callable[[Any], Any]:
+    def coerce(value: Any) -> Any:
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+            raise ValueError(value)
+        return value
+
+    return coerce
+
+
+def _coerce_modules(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(value)
+    return tuple(value)
+
+
+def _is_dsn(url: str) -> bool:
+    if _SCHEME.match(url):  # any other scheme (mysql://, postgresql+psycopg://) is a mistake
+        return url.startswith(("postgresql://", "postgres://"))
+    return "=" in url
+
+
+def _ints(low: int, high: int | None = None) -> Check:
+    if high is None:
+        return Check(f"an integer >= {low}", lambda v: v >= low)
+    return Check(f"an integer from {low} to {high}", lambda v: low <= v <= high)
+
+
+def _one_of(*choices: str) -> Check:
+    return Check("one of " + ", ".join(f'"{c}"' for c in choices), lambda v: v in choices)
+
+
+STR = ValueType("a string", _exact(str), lambda v: json.dumps(v))
+BOOL = ValueType("true or false", _exact(bool), lambda v: "true" if v else "false")
+INT = ValueType("an integer", _exact(int), str)
+DURATION = ValueType(
+    f"a duration ({_DURATION_HELP})", parse_duration, lambda v: json.dumps(format_duration(v))
+)
+MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
+POSITIVE = Check(f"a duration > 0 ({_DURATION_HELP})", lambda v: v > 0)
+DSN = Check('a "postgresql://" URL or a "key=value" connection string', _is_dsn)
+MODULE_NAMES = Check(
+    'a list of importable dotted module names, like ["myapp.workflows"]',
+    # Syntax only: importing is the supervisor's job, after it has set up logging.
+    lambda v: all(part.isidentifier() for name in v for part in name.split(".")),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One configuration key: where it lives, what it accepts, its default and what it is for."""
+
+    section: str
+    key: str
+    type: ValueType
+    default: Any
+    validator: Check | None
+    doc: str
+
+    @property
+    def label(self) -> str:
+        return f"[{self.section}] {self.key}"
+
+    @property
+    def expected(self) -> str:
+        return self.validator.expected if self.validator else self.type.expected
+
+
+SECTION_DOCS = {
+    "database": "Where runs live. Every supervisor, CLI and client sharing it sees the same runs.",
+    "supervisor": "The per-VM process that forks workers and the scanner, and kills stuck ones.",
+    "worker": "Leasing: a worker owns a step while it keeps renewing the step's lease.",
+    "scanner": "Fails overdue runs, reclaims expired leases, wakes sleeps, deletes old runs.",
+    "metrics": "Prometheus metrics, aggregated across the supervisor's processes, at /metrics.",
+    "workflows": "Python modules that define workflows; imported by the supervisor at start-up.",
+    "logging": "Log output of every Cyclone process.",
+}
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("database", "url", STR, None, DSN,
+            "PostgreSQL URL. Leave unset to start the embedded PostgreSQL (one-VM demos only). "
+            f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
+    Setting("database", "migrate", BOOL, True, None,
+            "Apply pending schema migrations at start-up (under an advisory lock)."),
+    Setting("supervisor", "workers", INT, 4, _ints(1),
+            "Worker processes to fork; each runs one step at a time."),
+    Setting("supervisor", "kill_grace", DURATION, 2.0, None,
+            "How long a worker gets to stop cooperatively before SIGKILL."),
+    Setting("supervisor", "shutdown_timeout", DURATION, 30.0, None,
+            "On SIGTERM, how long running steps may finish before they are killed and released."),
+    Setting("supervisor", "max_steps_per_worker", INT, 10000, _ints(0),
+            "Replace a worker after this many steps, to bound leaks; 0 never recycles."),
+    Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
+            "A lease not renewed for this long expires, and the scanner reclaims its step."),
+    Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,
+            "How often a busy worker renews its lease; must be less than half of lease_ttl."),
+    Setting("worker", "poll_interval", DURATION, 1.0, POSITIVE,
+            "How often an idle worker looks for work when no notification arrives."),
+    Setting("scanner", "enabled", BOOL, True, None,
+            "Run a scanner beside the workers. Any number of scanners are safe together."),
+    Setting("scanner", "interval", DURATION, 1.0, POSITIVE, "Pause between scans."),
+    Setting("scanner", "batch_size", INT, 500, _ints(1, 100000),
+            "Most rows one sweep changes per transaction."),
+    Setting("scanner", "retention", DURATION, 7 * 86400.0, None,
+            "Finished runs older than this are deleted."),
+    Setting("metrics", "enabled", BOOL, True, None, "Serve Prometheus metrics."),
+    Setting("metrics", "bind", STR, "127.0.0.1", None,
+            "Address to listen on; metrics are not authenticated, so keep it private."),
+    Setting("metrics", "port", INT, 9464, _ints(0, 65535), "Port to listen on; 0 picks one."),
+    Setting("workflows", "modules", MODULES, (), MODULE_NAMES,
+            "Dotted module names to import, e.g. [\"myapp.workflows\"]."),
+    Setting("logging", "level", STR, "info", _one_of("debug", "info", "warning", "error"),
+            "Lowest level logged."),
+    Setting("logging", "format", STR, "text", _one_of("text", "json"),
+            "\"text\" for people, \"json\" (one object a line) for log shippers."),
+)  # fmt: skip
+
+_BY_SECTION: dict[str, dict[str, Setting]] = {}
+for _s in SETTINGS:
+    _BY_SECTION.setdefault(_s.section, {})[_s.key] = _s
+
+
+def _default(section: str, key: str) -> Any:
+    return _BY_SECTION[section][key].default
+
+
+# --- the settings -------------------------------------------------------------------------
+# Written out (not generated) so type checkers and editors see the fields; defaults come from
+# the registry, and a test checks both list the same keys.
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseConfig:
+    url: str | None = _default("database", "url")
+    migrate: bool = _default("database", "migrate")
+
+    def __repr__(self) -> str:  # settings get logged; the password must not be
+        url = None if self.url is None else redact_dsn(self.url)
+        return f"DatabaseConfig(url={url!r}, migrate={self.migrate!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    workers: int = _default("supervisor", "workers")
+    kill_grace: float = _default("supervisor", "kill_grace")
+    shutdown_timeout: float = _default("supervisor", "shutdown_timeout")
+    max_steps_per_worker: int = _default("supervisor", "max_steps_per_worker")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    lease_ttl: float = _default("worker", "lease_ttl")
+    heartbeat_interval: float = _default("worker", "heartbeat_interval")
+    poll_interval: float = _default("worker", "poll_interval")
+
+
+@dataclass(frozen=True, slots=True)
+class ScannerConfig:
+    enabled: bool = _default("scanner", "enabled")
+    interval: float = _default("scanner", "interval")
+    batch_size: int = _default("scanner", "batch_size")
+    retention: float = _default("scanner", "retention")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    enabled: bool = _default("metrics", "enabled")
+    bind: str = _default("metrics", "bind")
+    port: int = _default("metrics", "port")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowsConfig:
+    modules: tuple[str, ...] = _default("workflows", "modules")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingConfig:
+    level: str = _default("logging", "level")
+    format: str = _default("logging", "format")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    scanner: ScannerConfig = field(default_factory=ScannerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+SECTION_CLASSES: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)}  # type: ignore[misc]
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def _fail(origin: str, message: str) -> ConfigError:
+    # One line, always: operators grep logs and systemd shows only the last line.
+    return ConfigError(" ".join(f"{origin}: {message}".splitlines()))
+
+
+def _did_you_mean(word: str, choices: list[str], fmt: str = '"{}"') -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" (did you mean {fmt.format(close[0])}?)" if close else ""
+
+
+def _read_toml(origin: str, path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fp:
+            data = fp.read(MAX_CONFIG_BYTES + 1)  # read no more than the cap, even from a pipe
+    except OSError as exc:
+        raise _fail(origin, f"cannot read the config file: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _fail(origin, "the config file is larger than 1 MiB; refusing to parse it")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _fail(origin, f"not UTF-8 text (bad byte at offset {exc.start})") from None
+    except RecursionError:
+        raise _fail(origin, "invalid TOML: values nested too deeply") from None
+    except tomllib.TOMLDecodeError as exc:
+        text = str(exc)
+        where = re.search(r"\s*\((at line \d+, column \d+|at end of document)\)$", text)
+        if where:
+            text = f"{where.group(1).removeprefix('at ')}: {text[: where.start()]}"
+        raise _fail(origin, f"invalid TOML: {text}") from None
+
+
+def _check_value(origin: str, setting: Setting, raw: Any) -> Any:
+    try:
+        value = setting.type.coerce(raw)
+        valid = setting.validator is None or setting.validator.test(value)
+    except (ValueError, TypeError):
+        valid = False
+    if not valid:
+        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {_show(raw)}")
+    return value
+
+
+def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    values: dict[str, dict[str, Any]] = {section: {} for section in _BY_SECTION}
+    for section, table in doc.items():
+        known = _BY_SECTION.get(section)
+        if known is None:
+            is_table = isinstance(table, dict)
+            homes = [s.label for s in SETTINGS if s.key == section and not is_table]
+            hint = f" (did you mean {homes[0]}?)" if homes else ""
+            hint = hint or _did_you_mean(section, list(_BY_SECTION), "[{}]")
+            what = "section" if is_table else "top-level key"
+            raise _fail(origin, f'unknown {what} "{section}"{hint}')
+        if not isinstance(table, dict):
+            raise _fail(origin, f"{section}: expected a table [{section}], got {_show(table)}")
+        for key, raw in table.items():
+            setting = known.get(key)
+            if setting is None:
+                hint = _did_you_mean(key, list(known))
+                homes = [s.section for s in SETTINGS if s.key == key]
+                if not hint and homes:
+                    hint = f" (it belongs in [{homes[0]}])"
+                raise _fail(origin, f'[{section}] unknown key "{key}"{hint}')
+            values[section][key] = _check_value(origin, setting, raw)
+    return values
+
+
+def _check_together(origin: str, settings: Settings) -> None:
+    # One missed heartbeat must not cost the lease, or a slow renewal kills a healthy step.
+    beat, half = settings.worker.heartbeat_interval, settings.worker.lease_ttl / 2
+    if not beat < half:
+        limit = f"less than half of [worker] lease_ttl ({format_duration(half)})"
+        raise _fail(
+            origin, f"[worker] heartbeat_interval: expected {limit}, got {format_duration(beat)}"
+        )
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Read, validate and return the settings; every problem is a one-line ConfigError.
+
+    `path=None` means the defaults. `CYCLONE_DATABASE_URL` in `env` (default `os.environ`)
+    overrides `[database] url`; an empty value counts as unset.
+    """
+    env = os.environ if env is None else env
+    origin = "<defaults>" if path is None else os.fsdecode(path)
+    doc = {} if path is None else _read_toml(origin, path)
+    values = _check_document(origin, doc)
+    env_url = env.get(ENV_DATABASE_URL)
+    if env_url:
+        values["database"]["url"] = _check_value(
+            ENV_DATABASE_URL, _BY_SECTION["database"]["url"], env_url
+        )
+    settings = Settings(**{name: cls(**values[name]) for name, cls in SECTION_CLASSES.items()})
+    _check_together(origin, settings)
+    return settings
+
+
+def settings_as_dict(settings: Settings) -> dict[str, dict[str, Any]]:
+    """The settings as plain JSON-ready data, by section, with the database password redacted."""
+    out = asdict(settings)
+    if out["database"]["url"] is not None:
+        out["database"]["url"] = redact_dsn(out["database"]["url"])
+    out["workflows"]["modules"] = list(out["workflows"]["modules"])
+    return out
+
+
+# --- the example ----------------------------------------------------------------------------
+
+_EXAMPLE_HEADER = f"""\
+# Cyclone configuration for a VM. Every key is optional; the values shown are the defaults.
+# Generated by `python -m cyclone.config --example` from cyclone/config.py; regenerate it
+# rather than editing this copy by hand.
+# Durations: {_DURATION_HELP}.
+"""
+
+
+def _comment(text: str) -> list[str]:
+    return textwrap.wrap(text, width=98, initial_indent="# ", subsequent_indent="# ")
+
+
+def render_example() -> str:
+    """The commented example TOML, generated from `SETTINGS` (config/cyclone.example.toml)."""
+    lines = _EXAMPLE_HEADER.splitlines()
+    for section, doc in SECTION_DOCS.items():
+        lines += ["", *_comment(doc), f"[{section}]"]
+        for i, setting in enumerate(_BY_SECTION[section].values()):
+            lines += [""] if i else []
+            lines += _comment(setting.doc)
+            if setting.default is None:
+                lines.append(f'# {setting.key} = "{EXAMPLE_DATABASE_URL}"')
+            else:
+                lines.append(f"{setting.key} = {setting.type.render(setting.default)}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--example"]:
+        sys.exit("usage: python -m cyclone.config --example")
+    sys.stdout.write(render_example())
