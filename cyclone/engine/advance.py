@@ -44,15 +44,15 @@ def node_rows(specs: Sequence[NodeSpec]) -> dict[str, list[Any]]:
 def make_steps(
     conn: Conn, run: RunRef, graph: Graph, names: Sequence[str], now: datetime | None
 ) -> None:
-    params = {
-        "run_id": run.id,
-        "workflow": run.workflow,
-        "now": now,
-        **node_rows([graph.nodes[n] for n in names]),
-    }
-    for row in conn.execute(QUERIES["step_insert"], params).fetchall():
-        if row["kind"] == NodeKind.WAIT:
-            consume_signal(conn, run, graph, row["id"], row["signal"], now)
+    specs = [graph.nodes[n] for n in names]
+    params = {"run_id": run.id, "workflow": run.workflow, "now": now, **node_rows(specs)}
+    cur = conn.execute(QUERIES["step_insert"], params)
+    # Only a new wait needs its row back (to take a signal sent early); not fetching otherwise
+    # lets a pipelined caller send the insert together with its COMMIT.
+    if any(s.kind == NodeKind.WAIT for s in specs):
+        for row in cur.fetchall():
+            if row["kind"] == NodeKind.WAIT:
+                consume_signal(conn, run, graph, row["id"], row["signal"], now)
 
 
 def consume_signal(
