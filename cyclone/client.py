@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -13,7 +14,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone import engine
-from cyclone.db import MAX_PAYLOAD_BYTES, callers, encode_json, resolve_dsn
+from cyclone.db import MAX_PAYLOAD_BYTES, callers, check_text, encode_json, resolve_dsn
 from cyclone.engine.graphs import current_graph, register_workflows
 from cyclone.errors import RunNotFound, StepNotFound
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
@@ -22,6 +23,8 @@ from cyclone.workflow import Graph, Workflow
 
 Conn = psycopg.Connection[Any]
 Clock = Callable[[], datetime | None]
+# Far beyond any real run, and far inside what a PostgreSQL interval can hold.
+MAX_DEADLINE_SECONDS = 100 * 365 * 86400
 
 
 def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
@@ -33,6 +36,8 @@ def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
     secs = (
         run_deadline.total_seconds() if isinstance(run_deadline, timedelta) else float(run_deadline)
     )
+    if math.isnan(secs) or secs > MAX_DEADLINE_SECONDS:
+        raise ValueError(f"run_deadline: {run_deadline!r} is not a usable duration (max 100 years)")
     return secs if secs > 0 else 0.0
 
 
@@ -110,6 +115,8 @@ class Client:
         """Start a run; returns its id. With `key`, a second submit returns the first run's id."""
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: expected a non-empty string, got {key!r}")
+        if key is not None:
+            check_text(key, "key")
         text = encode_json(input, "input", self.max_payload_bytes)
         deadline = deadline_seconds(run_deadline)
         with self.connection(conn) as c, c.transaction():
@@ -190,6 +197,12 @@ class Client:
         return [StepInfo.from_row(r) for r in rows]
 
     def step(self, step_id: int) -> StepInfo:
+        try:
+            step_id = int(step_id)
+        except (TypeError, ValueError):
+            raise StepNotFound(f"no step {step_id!r} (not a step id)") from None
+        if not 0 < step_id < 2**63:
+            raise StepNotFound(f"no step {step_id!r}")
         with self.connection() as c:
             row = c.execute(QUERIES["step_get"], {"step_id": step_id}).fetchone()
         if row is None:

@@ -65,8 +65,13 @@ def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES)
     from cyclone.errors import PayloadTooLarge
 
     check_json(value, what)
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    size = len(text.encode())
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        size = len(text.encode())
+    except (ValueError, UnicodeEncodeError) as exc:  # huge ints, lone surrogates
+        raise TypeError(f"{what}: cannot be stored as JSON ({exc})") from None
+    if "\\u0000" in text:
+        raise TypeError(f"{what}: contains a NUL character, which PostgreSQL cannot store")
     if size > limit:
         raise PayloadTooLarge(f"{what}: {size} bytes of JSON is over the limit of {limit} bytes")
     return text
@@ -102,3 +107,9 @@ class DictRows:
 
 def callers(conn: psycopg.Connection[Any]) -> DictRows:
     return DictRows(conn)
+
+
+def check_text(value: str, what: str) -> None:
+    """Names and keys are stored as text: PostgreSQL cannot store a NUL character in them."""
+    if "\x00" in value:
+        raise ValueError(f"{what}: contains a NUL character")

@@ -37,8 +37,13 @@ def pick(ctx: cyclone.StepContext) -> str:
 
 orders.wait("approval", signal="approved", after=[pick], max_wait=timedelta(minutes=5))
 orders.sleep("cool-off", timedelta(seconds=2), after=["approval"])
-orders.child("ship", shipping, after=["cool-off"], input=lambda ctx: ctx.results["reserve"],
-             max_wait=timedelta(minutes=1))
+orders.child(
+    "ship",
+    shipping,
+    after=["cool-off"],
+    input=lambda ctx: ctx.results["reserve"],
+    max_wait=timedelta(minutes=1),
+)
 
 flaky = cyclone.Workflow("demo-flaky")
 
@@ -63,8 +68,9 @@ def hang(ctx: cyclone.StepContext) -> None:
 def submit_demo_runs(client: cyclone.Client) -> list[str]:
     ids = []
     for n in range(3):
-        run_id = client.submit(orders, {"order": n, "items": ["a", "b", "c"]},
-                               run_deadline=timedelta(minutes=2))
+        run_id = client.submit(
+            orders, {"order": n, "items": ["a", "b", "c"]}, run_deadline=timedelta(minutes=2)
+        )
         client.signal(run_id, "approved", {"by": "demo"})  # kept until the wait is reached
         ids.append(run_id)
     ids.append(client.submit(flaky, {}, run_deadline=timedelta(minutes=2)))

@@ -100,5 +100,9 @@ class ExhaustedQuery:
             except ValueError:
                 kinds = ", ".join(k.value for k in ErrorKind)
                 raise ValueError(f"unknown error kind {self.reason!r} (one of: {kinds})") from None
+        if self.since is not None and not isinstance(self.since, timedelta | datetime):
+            raise TypeError(f"since: expected a timedelta or a datetime, got {self.since!r}")
+        if self.workflow is not None and not isinstance(self.workflow, str):
+            raise TypeError(f"workflow: expected a workflow name, got {self.workflow!r}")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise ValueError(f"limit must be a positive integer, got {self.limit!r}")

@@ -7,7 +7,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import encode_json, retrying
+from cyclone.db import check_text, encode_json, retrying
 from cyclone.engine.advance import RunRef, cancel_runs, child_finished, lock_run, settle_waiting
 from cyclone.errors import RunNotFound
 from cyclone.sql import QUERIES
@@ -78,6 +78,7 @@ def signal_run(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"a signal needs a non-empty name, got {name!r}")
+    check_text(name, "signal name")
     text = encode_json(payload, f"payload of signal {name!r}")
 
     def tx() -> bool:

@@ -61,8 +61,9 @@ RETURNING s.id, s.run_id, s.state;
 -- name: wait_expire
 -- Waits and child nodes parked longer than their max_wait are dead-lettered.
 WITH due AS (
-    SELECT s.id, s.run_id FROM cyclone_steps s
-     WHERE s.state = 'waiting' AND s.kind IN ('wait', 'child')
+    -- Paused runs are filtered before the LIMIT, so their overdue gates never fill a batch.
+    SELECT s.id, s.run_id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'waiting' AND s.kind IN ('wait', 'child') AND r.state = 'running'
        AND s.due_at <= coalesce(%(now)s::timestamptz, now())
      ORDER BY s.due_at
      LIMIT %(batch_size)s
@@ -85,8 +86,9 @@ RETURNING s.id, s.run_id, s.child_run_id;
 -- name: sleep_wake
 -- Sleeps that are over complete; the caller then advances their runs.
 WITH due AS (
-    SELECT s.id, s.run_id FROM cyclone_steps s
-     WHERE s.state = 'waiting' AND s.kind = 'sleep'
+    -- Paused runs are filtered before the LIMIT, so their overdue gates never fill a batch.
+    SELECT s.id, s.run_id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'waiting' AND s.kind = 'sleep' AND r.state = 'running'
        AND s.due_at <= coalesce(%(now)s::timestamptz, now())
      ORDER BY s.due_at
      LIMIT %(batch_size)s

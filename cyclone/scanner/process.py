@@ -1,0 +1,128 @@
+"""The scanner process: run every sweep, pause `scanner.interval`, repeat, until told to stop."""
+
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cyclone.db import connect
+from cyclone.scanner.base import Sweep
+from cyclone.scanner.deadlines import DeadlineSweep
+from cyclone.scanner.leases import ExpiredLeaseSweep
+from cyclone.scanner.retention import RetentionSweep
+from cyclone.scanner.sleeps import SleepSweep
+from cyclone.scanner.waits import MaxWaitSweep
+from cyclone.supervisor import channel
+from cyclone.supervisor.channel import Channel, ExitCode
+from cyclone.supervisor.proctitle import scanner_title, set_title
+from cyclone.supervisor.store import with_options
+from cyclone.worker.process import ChildExit, Wakeup, check_parent, init_process
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5
+# Scanners started together (a fleet rebooted at once) spread out over this first pause.
+START_STAGGER = 1.0
+# Each pause is the interval give or take this share, so scanners on many hosts drift apart.
+INTERVAL_JITTER = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class ScannerOptions:
+    dsn: str
+    interval: float
+    batch_size: int
+    retention: float  # seconds; 0 or less keeps finished runs forever
+    # No statement may hold its locks longer than this: a stuck sweep fails and runs again.
+    statement_timeout: float = 30.0
+
+
+def make_sweeps(options: ScannerOptions) -> list[Sweep]:
+    """Deadlines first: a run past its deadline must fail before anything else touches it."""
+    sweeps: list[Sweep] = [
+        DeadlineSweep(batch_size=options.batch_size),
+        ExpiredLeaseSweep(batch_size=options.batch_size),
+        MaxWaitSweep(batch_size=options.batch_size),
+        SleepSweep(batch_size=options.batch_size),
+    ]
+    if options.retention > 0:
+        sweeps.append(RetentionSweep(batch_size=options.batch_size, retention=options.retention))
+    return sweeps
+
+
+class Scanner:
+    """Built in the supervisor before the fork; `run` is the child's main after it."""
+
+    def __init__(self, options: ScannerOptions, parent: int) -> None:
+        self.options = options
+        self.parent = parent
+        self.sweeps = make_sweeps(options)
+        self.stop_requested = False
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def run(self, fd: int) -> int:
+        try:
+            init_process(self.parent)
+            self.wakeup = Wakeup()
+            signal.signal(signal.SIGTERM, self._on_stop)
+            signal.signal(signal.SIGUSR1, self._on_stop)
+            set_title(scanner_title())
+            try:
+                self.conn = self.connect()
+            except psycopg.Error as exc:
+                log.error("scanner cannot connect: %s", exc)
+                return ExitCode.BOOT_ERROR
+            Channel(fd).send(channel.Ready())
+            self.wakeup.wait(random.uniform(0, min(START_STAGGER, self.options.interval)))
+            return self.loop()
+        except ChildExit as exc:
+            return exc.code
+        except BrokenPipeError:
+            return ExitCode.ORPHANED
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self.stop_requested = True  # only record: the loop acts on it
+
+    def connect(self) -> psycopg.Connection[Any]:
+        timeout_ms = int(self.options.statement_timeout * 1000)
+        dsn = with_options(self.options.dsn, f"-c statement_timeout={timeout_ms}")
+        return connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+
+    def loop(self) -> int:
+        while not self.stop_requested:
+            check_parent(self.parent)
+            self.scan_once()
+            jitter = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
+            self.wakeup.wait(self.options.interval * jitter)
+        return ExitCode.OK
+
+    def scan_once(self) -> int:
+        total = 0
+        now = time.monotonic()
+        for sweep in self.sweeps:
+            if self.stop_requested:
+                break
+            if not sweep.due(now):
+                continue
+            try:
+                total += sweep.sweep(self.db(), pause=self.wakeup.wait)
+            except psycopg.OperationalError as exc:
+                # The database went away: the next pass reconnects; nothing is half-done,
+                # since every batch is one transaction.
+                log.warning("%s: database unavailable: %s", sweep.name, exc)
+                self.conn = None
+                break
+            except psycopg.Error as exc:
+                log.error("%s: %s", sweep.name, exc, extra={"action": "sweep"})
+        return total
+
+    def db(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = self.connect()
+        return self.conn

@@ -1,0 +1,10 @@
+"""The supervisor: forks workers and a scanner on one host, and kills what outlives its bounds.
+
+__main__.py    `cyclone-supervisor --config FILE`: validate, connect, migrate, register
+supervisor.py  the loop: one thread, one selector, signal handlers that only record
+arbiter.py     the decisions: spawn, kill (SIGTERM, then SIGKILL of the group), record, drain
+children.py    WorkerHandle, and ProcessOps: fork, signal, killpg, waitpid
+channel.py     the worker-to-supervisor pipe protocol and the children's exit codes
+store.py       short-lived connections for writes; the LISTEN connection for revocations
+proctitle.py   process titles
+"""

@@ -1,0 +1,106 @@
+"""`cyclone-supervisor --config FILE`: validate, connect, migrate, register, then supervise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+import psycopg
+
+from cyclone.config import Settings, load_config
+from cyclone.db import connect, resolve_dsn
+from cyclone.engine import register_workflows
+from cyclone.errors import CycloneError
+from cyclone.migrate import migrate
+from cyclone.supervisor.supervisor import Supervisor
+from cyclone.workflow import Registry, load_modules
+
+log = logging.getLogger("cyclone.supervisor")
+
+EXIT_USAGE = 2
+EXIT_DATABASE = 3
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data = {
+            "ts": self.formatTime(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        if hasattr(record, "action"):
+            data["action"] = record.action
+        if record.exc_info:
+            data["exc"] = self.formatException(record.exc_info)
+        return json.dumps(data)
+
+
+def setup_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if settings.logging.format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.logging.level.upper())
+
+
+def load_workflows(settings: Settings) -> Registry:
+    return load_modules(settings.workflows.modules)
+
+
+def prepare(settings: Settings) -> tuple[str, Registry]:
+    """Everything that can fail before the first fork: database, schema, workflow code."""
+    dsn = resolve_dsn(settings.database.url)
+    if settings.database.migrate:
+        migrate(dsn)
+    registry = load_workflows(settings)
+    with connect(dsn) as conn:
+        register_workflows(conn, registry.values())
+    log.info("workflows: %s", ", ".join(sorted(registry)) or "none", extra={"action": "register"})
+    return dsn, registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="cyclone-supervisor", description="Run Cyclone workers and a scanner on this host."
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML config (default: built-in)")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_config(args.config)
+    except CycloneError as exc:
+        print(f"cyclone-supervisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(settings)
+    try:
+        dsn, registry = prepare(settings)
+    except CycloneError as exc:
+        print(f"cyclone-supervisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ImportError as exc:
+        print(f"cyclone-supervisor: [workflows] modules: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except psycopg.OperationalError as exc:
+        # libpq's messages name the host, never the password.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"cyclone-supervisor: database unreachable: {first}", file=sys.stderr)
+        return EXIT_DATABASE
+    return Supervisor(
+        settings, dsn=dsn, registry=registry, config_path=args.config,
+        load_workflows=load_workflows,
+    ).run()  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The worker-to-supervisor pipe: one line per message, and the exit codes a child leaves with.
+
+A line is a verb, optionally followed by a space and a JSON object:
+
+    ready
+    leased {"step_id": 7, "token": "...", "run_id": "...", "workflow": "fulfill-order",
+            "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2}
+    beat
+    done {"step_id": 7, "outcome": "completed", "duration": 0.012}
+    idle
+
+Times are durations read from the database clock (`kill_after`, `deadline_left`, seconds from
+the lease), which the supervisor adds to its own monotonic clock: wall clocks of different hosts
+and the database are never compared. Lines are shorter than PIPE_BUF, so each write is atomic
+and lines from one worker never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from enum import IntEnum
+from typing import Any, ClassVar
+
+# A longer line is garbage (or an attack on the supervisor's memory): it is dropped.
+MAX_LINE = 4096
+
+
+class ExitCode(IntEnum):
+    """How a child process leaves (always through os._exit); part of the protocol."""
+
+    OK = 0  # asked to stop and stopped, or drained
+    CRASHED = 1  # an unexpected exception escaped the child's loop
+    BOOT_ERROR = 3  # could not start (no database): the supervisor backs off, then halts
+    LEASE_LOST = 4  # could not renew its lease in time: it stopped acting on stale authority
+    RECYCLE = 5  # ran max_steps_per_worker steps and wants a fresh process
+    STOPPED = 6  # left its step when asked (SIGTERM); the supervisor records the outcome
+    ORPHANED = 7  # its supervisor is gone
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    verb: ClassVar[str] = "ready"
+
+
+@dataclass(frozen=True, slots=True)
+class Leased:
+    verb: ClassVar[str] = "leased"
+    step_id: int
+    token: str
+    run_id: str
+    workflow: str
+    node: str
+    attempt: int
+    # Seconds until the attempt must be dead (the smaller of its timeout and its run's time
+    # left), and the run's time left alone; None: unbounded.
+    kill_after: float | None
+    deadline_left: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    verb: ClassVar[str] = "beat"
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    verb: ClassVar[str] = "done"
+    step_id: int
+    outcome: str  # "completed", "failed", "lost" (the fenced write matched nothing)
+    duration: float
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    verb: ClassVar[str] = "idle"
+
+
+Message = Ready | Leased | Beat | Done | Idle
+_BY_VERB: dict[str, type[Any]] = {cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle)}
+
+
+class ProtocolError(ValueError):
+    """A line that is not a message."""
+
+
+def encode(message: Message) -> bytes:
+    data = asdict(message)
+    body = json.dumps(data, separators=(",", ":")) if data else ""
+    line = f"{message.verb} {body}".rstrip() + "\n"
+    raw = line.encode()
+    if len(raw) > MAX_LINE:
+        raise ProtocolError(f"{message.verb} message is {len(raw)} bytes, over {MAX_LINE}")
+    return raw
+
+
+def decode(line: bytes) -> Message:
+    text = line.decode("utf-8", "replace").strip()
+    verb, _, body = text.partition(" ")
+    cls = _BY_VERB.get(verb)
+    if cls is None:
+        raise ProtocolError(f"unknown verb {verb!r}")
+    try:
+        data = json.loads(body) if body else {}
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"bad {verb} message: {exc}") from None
+
+
+class LineBuffer:
+    """Collects bytes read from a pipe and hands out whole lines."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._pending += data
+        *lines, self._pending = self._pending.split(b"\n")
+        if len(self._pending) > MAX_LINE:
+            self._pending = b""
+        return [line for line in lines if line and len(line) <= MAX_LINE]
+
+
+class Channel:
+    """The worker's end of the pipe. A supervisor that is gone raises BrokenPipeError."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def send(self, message: Message) -> None:
+        data = encode(message)
+        while data:
+            written = os.write(self.fd, data)
+            data = data[written:]

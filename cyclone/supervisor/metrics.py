@@ -1,0 +1,133 @@
+"""Prometheus metrics, kept by the supervisor and served from its loop.
+
+Workers report leases and outcomes over their pipes, and the supervisor counts them: one
+registry per host, no multiprocess files (they leak with churning workers). `/metrics` is a
+wsgiref server whose socket sits in the supervisor's selector, so serving it needs no thread;
+`prometheus_client.start_http_server` would start one in the process that forks.
+
+Metrics read from the database (DLQ depth, runs by state, scanner counts) join this registry
+with the operator tooling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter as Tally
+from collections.abc import Iterator
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
+
+log = logging.getLogger(__name__)
+
+# A scrape is served inside the supervisor's loop: a client that connects and then stalls
+# may hold the loop up for at most this long.
+IO_TIMEOUT = 0.25
+
+
+class Metrics:
+    """The arbiter's observer: turns what happens to children into Prometheus series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.children: dict[int, WorkerHandle] = {}
+        r = self.registry
+        self.leases = Counter("cyclone_leases", "Steps leased", ["workflow", "node"], registry=r)
+        self.steps = Counter(
+            "cyclone_steps", "Attempts finished", ["workflow", "node", "outcome"], registry=r
+        )
+        self.durations = Histogram(
+            "cyclone_step_duration_seconds", "Attempt duration", ["workflow", "node"], registry=r
+        )
+        self.kills = Counter("cyclone_worker_kills", "Workers killed", ["reason"], registry=r)
+        self.restarts = Counter(
+            "cyclone_worker_restarts", "Child processes that exited", ["reason"], registry=r
+        )
+        r.register(_LiveCollector(self))
+
+    def watch(self, children: dict[int, WorkerHandle]) -> None:
+        self.children = children
+
+    def leased(self, lease: HeldLease) -> None:
+        self.leases.labels(lease.workflow, lease.node).inc()
+
+    def finished(self, lease: HeldLease, outcome: str, duration: float | None) -> None:
+        self.steps.labels(lease.workflow, lease.node, outcome).inc()
+        if duration is not None:
+            self.durations.labels(lease.workflow, lease.node).observe(duration)
+
+    def killed(self, reason: KillReason) -> None:
+        self.kills.labels(str(reason)).inc()
+
+    def exited(self, handle: WorkerHandle, status: ExitStatus) -> None:
+        if handle.kill is not None:
+            reason = f"killed_{handle.kill.reason}"
+        elif status.signal is not None:
+            reason = "signal"
+        else:
+            reason = status.describe().rpartition("(")[2].rstrip(")") or "exit"
+        self.restarts.labels(reason).inc()
+
+
+class _LiveCollector(Collector):
+    """Gauges computed from the children at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        workers = [h for h in self.metrics.children.values() if h.role is Role.WORKER]
+        states = GaugeMetricFamily("cyclone_workers", "Worker processes", labels=["state"])
+        busy = sum(1 for h in workers if h.busy)
+        states.add_metric(["busy"], busy)
+        states.add_metric(["idle"], len(workers) - busy)
+        yield states
+        active = GaugeMetricFamily("cyclone_leases_active", "Steps running", labels=["workflow"])
+        for workflow, count in sorted(Tally(h.lease.workflow for h in workers if h.lease).items()):
+            active.add_metric([workflow], count)
+        yield active
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per scrape is noise
+
+    def setup(self) -> None:
+        self.request.settimeout(IO_TIMEOUT)
+        super().setup()
+
+
+class MetricsServer:
+    """`/metrics` on a socket the supervisor's selector watches."""
+
+    def __init__(self, metrics: Metrics, bind: str, port: int) -> None:
+        self.server: WSGIServer = make_server(
+            bind, port, make_wsgi_app(metrics.registry), handler_class=_QuietHandler
+        )
+        self.server.socket.setblocking(False)
+        host, self.port = self.server.server_address[:2]
+        log.info("metrics at http://%s:%d/metrics", host, self.port, extra={"action": "metrics"})
+
+    def fileno(self) -> int:
+        return self.server.fileno()
+
+    def handle(self) -> None:
+        """One pending connection (the selector said the socket is readable)."""
+        try:
+            request, address = self.server.socket.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        try:
+            request.setblocking(True)
+            self.server.process_request(request, address)
+        except (TimeoutError, OSError) as exc:
+            log.debug("metrics request failed: %s", exc)
+            self.server.shutdown_request(request)
+
+    def close(self) -> None:
+        self.server.server_close()

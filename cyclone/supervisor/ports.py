@@ -1,0 +1,89 @@
+"""What the arbiter needs from the world, as protocols: the real loop and the tests fill them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from cyclone.states import ErrorKind
+from cyclone.supervisor.children import (
+    ChildMain,
+    ExitStatus,
+    HeldLease,
+    KillReason,
+    WorkerHandle,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ArbiterConfig:
+    workers: int
+    kill_grace: float
+    shutdown_timeout: float
+    lease_ttl: float
+    poll_interval: float
+    scanner: bool
+
+
+class Store(Protocol):
+    """The database calls the supervisor makes, each on a short-lived or its own connection."""
+
+    def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]: ...
+
+    def fail_step(self, step_id: int, token: str, kind: ErrorKind, error: str) -> bool: ...
+
+    def sweep_deadlines(self) -> int: ...
+
+
+class ChildFactory(Protocol):
+    """Builds a child's object before the fork; the returned main runs after it."""
+
+    def worker_main(self, number: int) -> ChildMain: ...
+
+    def scanner_main(self) -> ChildMain: ...
+
+
+class Watcher(Protocol):
+    """The loop's selector: a channel must be unwatched before its descriptor is closed."""
+
+    def watch(self, fd: int) -> None: ...
+
+    def unwatch(self, fd: int) -> None: ...
+
+
+class Events(Protocol):
+    """What the arbiter reports as it happens (the metrics)."""
+
+    def leased(self, lease: HeldLease) -> None: ...
+
+    def finished(self, lease: HeldLease, outcome: str, duration: float | None) -> None: ...
+
+    def killed(self, reason: KillReason) -> None: ...
+
+    def exited(self, handle: WorkerHandle, status: ExitStatus) -> None: ...
+
+
+class NullEvents:
+    def leased(self, lease: HeldLease) -> None:
+        pass
+
+    def finished(self, lease: HeldLease, outcome: str, duration: float | None) -> None:
+        pass
+
+    def killed(self, reason: KillReason) -> None:
+        pass
+
+    def exited(self, handle: WorkerHandle, status: ExitStatus) -> None:
+        pass
+
+
+class NullWatcher:
+    def watch(self, fd: int) -> None:
+        pass
+
+    def unwatch(self, fd: int) -> None:
+        pass
+
+
+Reloader = Callable[[], tuple[ArbiterConfig, ChildFactory]]

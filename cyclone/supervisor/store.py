@@ -1,0 +1,119 @@
+"""The supervisor's few database calls, and the LISTEN connection that wakes it on revocations.
+
+The supervisor forks, so it holds no connection a child could use: writes go through
+short-lived connections (connect, write, close). The one long-lived connection LISTENs on
+`cyclone_revoked` and does nothing else, so every notification reaches the loop. Children inherit
+its socket but never touch it: psycopg only finishes a libpq connection in the process that
+opened it, and a child leaves through os._exit, so the supervisor's session is never closed
+from a child.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from cyclone import engine
+from cyclone.db import connect
+from cyclone.sql import QUERIES
+from cyclone.states import ErrorKind
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "cyclone_revoked"
+# The supervisor's loop enforces kills: none of its database calls may stall it for long.
+CONNECT_TIMEOUT = 2
+STATEMENT_TIMEOUT_MS = 2000
+# How long the start-up probe waits for its own notification before settling on polling.
+PROBE_TIMEOUT = 1.0
+# LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
+LISTEN = "LISTEN cyclone_revoked"
+
+
+def with_options(dsn: str, options: str) -> str:
+    """The DSN with server `options` appended to any it has (a search_path, say)."""
+    params = conninfo_to_dict(dsn)
+    params["options"] = f"{params.get('options') or ''} {options}".strip()
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def connect_briefly(dsn: str) -> psycopg.Connection[Any]:
+    dsn = with_options(dsn, f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+    return connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+
+
+class Listener:
+    """The LISTEN connection: wakes the loop on revocations, once a probe showed they arrive."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.conn: psycopg.Connection[Any] | None = None
+        self.working = False
+        self.probed: bool | None = None
+
+    def open(self) -> bool:
+        """Connect and LISTEN; returns whether notifications were seen to arrive."""
+        self.conn = connect_briefly(self.dsn)
+        self.conn.execute(LISTEN)
+        # Probe once: a reconnect goes through the same path as the first connection did.
+        if self.probed is None:
+            self.probed = self.probe()
+        self.working = self.probed
+        mode = "LISTEN/NOTIFY" if self.working else "polling (notifications do not arrive)"
+        log.info("revocations: %s", mode, extra={"action": "listen"})
+        return self.working
+
+    def probe(self) -> bool:
+        # Sent from another session, as a scanner's would be: behind PgBouncer in transaction
+        # mode LISTEN succeeds but nothing is ever delivered, and only a probe tells.
+        with connect_briefly(self.dsn) as other:
+            other.execute(QUERIES["revoked_notify"])
+        assert self.conn is not None
+        return any(True for _ in self.conn.notifies(timeout=PROBE_TIMEOUT, stop_after=1))
+
+    def fileno(self) -> int:
+        assert self.conn is not None
+        return self.conn.fileno()
+
+    def drain(self) -> bool:
+        """Read what arrived on the socket; returns whether a notification was among it."""
+        if self.conn is None:
+            return False
+        # timeout=0 reads what the socket holds without waiting for more; one is enough.
+        return any(True for _ in self.conn.notifies(timeout=0))
+
+    @property
+    def healthy(self) -> bool:
+        return self.conn is not None and not self.conn.closed and not self.conn.broken
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        self.working = False
+
+
+class DatabaseStore:
+    """The arbiter's Store on a real database."""
+
+    def __init__(self, dsn: str, listener: Listener, batch_size: int) -> None:
+        self.dsn = dsn
+        self.listener = listener
+        self.batch_size = batch_size
+
+    def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:
+        # Not on the LISTEN connection: it only listens, so every notification wakes the loop.
+        with connect_briefly(self.dsn) as conn:
+            return engine.revoked_leases(conn, held)
+
+    def fail_step(self, step_id: int, token: str, kind: ErrorKind, error: str) -> bool:
+        with connect_briefly(self.dsn) as conn:
+            return engine.fail_step(conn, step_id, token, kind=kind, error=error)
+
+    def sweep_deadlines(self) -> int:
+        with connect_briefly(self.dsn) as conn:
+            return engine.sweep_deadlines(conn, batch_size=self.batch_size)

@@ -1,0 +1,238 @@
+"""The supervisor's loop: one thread, one wait point, signal handlers that only record.
+
+The wait point is a selector on the self-pipe that `signal.set_wakeup_fd` feeds, on every
+child's pipe, on the LISTEN connection and on the metrics socket. After each wake-up the loop
+hands the recorded signals, pipe data and notifications to the arbiter and lets it tick. There
+are no threads in this process: it forks, and a fork copies only the thread that calls it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cyclone.config import Settings, load_config
+from cyclone.errors import ConfigError
+from cyclone.scanner import Scanner, ScannerOptions
+from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
+from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
+from cyclone.supervisor.metrics import Metrics, MetricsServer
+from cyclone.supervisor.proctitle import set_title, supervisor_title
+from cyclone.supervisor.store import DatabaseStore, Listener
+from cyclone.worker import Worker, WorkerOptions
+from cyclone.workflow import Registry
+
+log = logging.getLogger(__name__)
+
+# A broken LISTEN connection is re-opened at most this often; polling covers the gap.
+LISTEN_RETRY = 5.0
+
+_WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+
+
+def arbiter_config(settings: Settings) -> ArbiterConfig:
+    return ArbiterConfig(
+        workers=settings.supervisor.workers,
+        kill_grace=settings.supervisor.kill_grace,
+        shutdown_timeout=settings.supervisor.shutdown_timeout,
+        lease_ttl=settings.worker.lease_ttl,
+        poll_interval=settings.worker.poll_interval,
+        scanner=settings.scanner.enabled,
+    )
+
+
+@dataclass(frozen=True)
+class ChildBuilder:
+    """Builds each child's object in the supervisor, before the fork (gunicorn's contract)."""
+
+    settings: Settings
+    dsn: str
+    registry: Registry
+
+    def worker_main(self, number: int) -> ChildMain:
+        options = WorkerOptions(
+            number=number,
+            dsn=self.dsn,
+            lease_ttl=self.settings.worker.lease_ttl,
+            heartbeat_interval=self.settings.worker.heartbeat_interval,
+            poll_interval=self.settings.worker.poll_interval,
+            max_steps=self.settings.supervisor.max_steps_per_worker,
+        )
+        return Worker(options, self.registry, parent=os.getpid()).run
+
+    def scanner_main(self) -> ChildMain:
+        options = ScannerOptions(
+            dsn=self.dsn,
+            interval=self.settings.scanner.interval,
+            batch_size=self.settings.scanner.batch_size,
+            retention=self.settings.scanner.retention,
+        )
+        return Scanner(options, parent=os.getpid()).run
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        dsn: str,
+        registry: Registry,
+        config_path: str | None = None,
+        load_workflows: Callable[[Settings], Registry] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.dsn = dsn
+        self.registry = registry
+        self.config_path = config_path
+        self.load_workflows = load_workflows
+        self.pending_signals: list[int] = []
+        self.selector = selectors.DefaultSelector()
+        self.listener = Listener(dsn)
+        self.next_listen_at = 0.0
+        self.metrics = Metrics()
+        self.metrics_server: MetricsServer | None = None
+
+    # --- the selector, as the arbiter's Watcher ----------------------------------------------
+
+    def watch(self, fd: int) -> None:
+        self.selector.register(fd, selectors.EVENT_READ, _CHILD)
+
+    def unwatch(self, fd: int) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(fd)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        set_title(supervisor_title())
+        ops = OsProcessOps()
+        ops.private_fds = self.install_signals()
+        store = DatabaseStore(self.dsn, self.listener, self.settings.scanner.batch_size)
+        self.arbiter = Arbiter(
+            arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
+            factory=ChildBuilder(self.settings, self.dsn, self.registry),
+            reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
+        )  # fmt: skip
+        self.metrics.watch(self.arbiter.children)
+        self.serve_metrics()
+        self.ensure_listener()
+        log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
+        self.arbiter.start()
+        try:
+            while not self.arbiter.finished:
+                self.wait()
+                self.arbiter.tick()
+        finally:
+            self.listener.close()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+            signal.set_wakeup_fd(-1)
+        log.info("supervisor %d stopped", os.getpid(), extra={"action": "stop"})
+        return self.arbiter.exit_code
+
+    def install_signals(self) -> list[int]:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        self.selector.register(read_fd, selectors.EVENT_READ, _WAKEUP)
+        self.wakeup_fd = read_fd
+        for sig in SUPERVISOR_SIGNALS:
+            signal.signal(sig, self.record_signal)
+        return [read_fd, write_fd]
+
+    def record_signal(self, signum: int, frame: object) -> None:
+        # No logging, no I/O, no decisions here: gunicorn learned that from deadlocks.
+        self.pending_signals.append(signum)
+
+    def wait(self) -> None:
+        timeout = max(0.0, self.arbiter.next_wakeup() - time.monotonic())
+        for key, _ in self.selector.select(timeout):
+            if key.data == _WAKEUP:
+                self.drain_wakeup()
+            elif key.data == _LISTENER:
+                self.read_listener()
+            elif key.data == _METRICS and self.metrics_server is not None:
+                self.metrics_server.handle()
+            else:
+                self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
+        signals, self.pending_signals = self.pending_signals, []
+        for signum in signals:
+            self.arbiter.handle_signal(signum)
+        if not self.listener.healthy:
+            self.ensure_listener()
+
+    def drain_wakeup(self) -> None:
+        try:
+            while os.read(self.wakeup_fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def serve_metrics(self) -> None:
+        config = self.settings.metrics
+        if not config.enabled:
+            return
+        try:
+            self.metrics_server = MetricsServer(self.metrics, config.bind, config.port)
+        except OSError as exc:
+            # Kills matter more than metrics: run without them rather than not at all.
+            log.error("cannot serve metrics on %s:%d: %s", config.bind, config.port, exc)
+            return
+        self.selector.register(self.metrics_server.fileno(), selectors.EVENT_READ, _METRICS)
+
+    # --- notifications ------------------------------------------------------------------------
+
+    def ensure_listener(self) -> None:
+        now = time.monotonic()
+        if now < self.next_listen_at:
+            return
+        self.next_listen_at = now + LISTEN_RETRY
+        if self.listener.conn is not None:
+            self.unwatch(self.listener.fileno())
+            self.listener.close()
+        try:
+            working = self.listener.open()
+        except psycopg.Error as exc:
+            log.warning("cannot LISTEN for revocations, polling: %s", exc)
+            self.listener.close()
+            working = False
+        else:
+            self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
+        self.arbiter.set_notifications(working)
+
+    def read_listener(self) -> None:
+        try:
+            if self.listener.drain():
+                self.arbiter.on_notify()
+        except psycopg.Error as exc:
+            log.warning("LISTEN connection lost: %s", exc)
+            self.unwatch(self.listener.fileno())
+            self.listener.close()
+            self.arbiter.set_notifications(False)
+
+    # --- reload -------------------------------------------------------------------------------
+
+    def reload(self) -> tuple[ArbiterConfig, Any]:
+        """SIGHUP: read the config again; the arbiter replaces the children with the result."""
+        settings = load_config(self.config_path)
+        if settings.database.url != self.settings.database.url:
+            log.warning("[database] url changes only take effect on restart")
+        if settings.workflows.modules != self.settings.workflows.modules and self.load_workflows:
+            # New modules are imported (and registered) here, before any fork; modules
+            # already imported keep their code until a restart.
+            try:
+                self.registry = self.load_workflows(settings)
+            except (ImportError, psycopg.Error) as exc:
+                raise ConfigError(f"[workflows] modules: {exc}") from exc
+        self.settings = settings
+        return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry)

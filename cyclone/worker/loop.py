@@ -1,0 +1,218 @@
+"""The worker process: lease one step, run it while heartbeating, record it, repeat."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from cyclone import engine, runner
+from cyclone.context import CancelEvent
+from cyclone.db import connect
+from cyclone.engine.steps import Lease
+from cyclone.supervisor import channel
+from cyclone.supervisor.channel import Channel, ExitCode
+from cyclone.supervisor.proctitle import set_title, worker_title
+from cyclone.worker.process import ChildExit, Wakeup, check_parent, init_process
+from cyclone.workflow import Registry
+
+log = logging.getLogger(__name__)
+
+# Bounds on how long the worker's own database calls may hang, so that a dead network turns
+# into an error it can act on (stop before its lease expires) rather than a silent stall.
+CONNECT_TIMEOUT = 5
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    number: int
+    dsn: str
+    lease_ttl: float
+    heartbeat_interval: float
+    poll_interval: float
+    max_steps: int  # 0: never recycle
+
+
+class Worker:
+    """Built in the supervisor before the fork; `run` is the child's main after it."""
+
+    def __init__(self, options: WorkerOptions, registry: Registry, parent: int) -> None:
+        self.options = options
+        self.registry = registry
+        self.parent = parent
+        self.stop_requested = False  # SIGTERM: leave the current step, record nothing
+        self.retire_requested = False  # SIGUSR1: finish the current step, then leave
+        self.steps = 0
+        self.idle_reported = False
+        self.conn: psycopg.Connection[Any] | None = None
+        self.name = ""
+
+    # --- process ------------------------------------------------------------------------------
+
+    def run(self, fd: int) -> int:
+        self.channel = Channel(fd)
+        try:
+            init_process(self.parent)
+            self.wakeup = Wakeup()
+            signal.signal(signal.SIGTERM, self._on_stop)
+            signal.signal(signal.SIGUSR1, self._on_retire)
+            self.name = f"{socket.gethostname()}:{os.getpid()}"
+            set_title(worker_title(self.options.number))
+            try:
+                self.conn = self.connect()
+            except psycopg.Error as exc:
+                log.error("worker %d cannot connect: %s", self.options.number, exc)
+                return ExitCode.BOOT_ERROR
+            self.channel.send(channel.Ready())
+            # Never shut down: a handler still running when we leave dies with the process
+            # (os._exit), instead of holding the exit up as a `with` block would.
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
+            return self.loop()
+        except ChildExit as exc:
+            return exc.code
+        except BrokenPipeError:
+            return ExitCode.ORPHANED
+
+    def _on_stop(self, signum: int, frame: object) -> None:
+        self.stop_requested = True  # only record: the loop acts on it
+
+    def _on_retire(self, signum: int, frame: object) -> None:
+        self.retire_requested = True
+
+    def connect(self) -> psycopg.Connection[Any]:
+        keepalive = max(int(self.options.heartbeat_interval), 1)
+        return connect(
+            self.options.dsn, connect_timeout=CONNECT_TIMEOUT, keepalives=1,
+            keepalives_idle=keepalive, keepalives_interval=keepalive, keepalives_count=3,
+            tcp_user_timeout=int(self.options.lease_ttl * 1000 / 2),
+        )  # fmt: skip
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def loop(self) -> int:
+        while True:
+            check_parent(self.parent)
+            if self.stop_requested or self.retire_requested:
+                return ExitCode.OK
+            lease = self.lease()
+            if lease is None:
+                if not self.idle_reported:
+                    self.channel.send(channel.Idle())
+                    set_title(worker_title(self.options.number))
+                    self.idle_reported = True
+                self.wakeup.wait(self.options.poll_interval)
+                continue
+            self.idle_reported = False
+            self.run_step(lease)
+            self.steps += 1
+            if self.options.max_steps and self.steps >= self.options.max_steps:
+                return ExitCode.RECYCLE
+
+    def lease(self) -> Lease | None:
+        try:
+            return engine.lease_step(
+                self.db(), worker=self.name, workflows=list(self.registry),
+                lease_ttl=self.options.lease_ttl,
+            )  # fmt: skip
+        except psycopg.OperationalError as exc:
+            # Nothing held, nothing at stake: the supervisor respawns us with backoff.
+            log.error("worker %d lost its database: %s", self.options.number, exc)
+            raise ChildExit(ExitCode.BOOT_ERROR) from None
+
+    def db(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = self.connect()
+        return self.conn
+
+    # --- one step -----------------------------------------------------------------------------
+
+    def run_step(self, lease: Lease) -> None:
+        leased_at = time.monotonic()
+        self.report_lease(lease, leased_at)
+        set_title(worker_title(
+            self.options.number, workflow=lease.workflow, node=lease.node, run_id=lease.run_id,
+            attempt=lease.attempt,
+        ))  # fmt: skip
+        done = CancelEvent()
+        future = self.pool.submit(runner.execute, self.db(), self.registry, lease, done=done)
+        future.add_done_callback(self.wakeup.poke)
+        renewed_at = self.supervise(lease, future, done, leased_at)
+        outcome = future.result()
+        if self.stop_requested:
+            # The supervisor stopped this attempt and writes its outcome once we are gone.
+            raise ChildExit(ExitCode.STOPPED)
+        written = self.record(lease, outcome, renewed_at)
+        result = "lost" if not written else ("completed" if outcome.ok else "failed")
+        duration = time.monotonic() - leased_at
+        self.channel.send(channel.Done(step_id=lease.step_id, outcome=result, duration=duration))
+        if not written:
+            log.warning("step %d: lease lost, result discarded", lease.step_id)
+
+    def report_lease(self, lease: Lease, leased_at: float) -> None:
+        # The durations were read on the database clock when the lease was taken; take off
+        # what has passed here since, so the supervisor adds them to its clock correctly.
+        spent = time.monotonic() - leased_at
+        self.channel.send(channel.Leased(
+            step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
+            workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
+            kill_after=None if lease.kill_after is None else lease.kill_after - spent,
+            deadline_left=None if lease.deadline_left is None else lease.deadline_left - spent,
+        ))  # fmt: skip
+
+    def supervise(
+        self, lease: Lease, future: Future[runner.Outcome], done: CancelEvent, renewed_at: float
+    ) -> float:
+        """Heartbeat until the handler returns; returns when the lease was last renewed."""
+        next_beat = renewed_at + self.options.heartbeat_interval
+        while not future.done():
+            self.wakeup.wait(next_beat - time.monotonic())
+            check_parent(self.parent)
+            if self.stop_requested and not done.is_set():
+                done.set()  # a cooperative handler stops; the supervisor kills the rest
+            if time.monotonic() >= next_beat and not future.done():
+                renewed_at = self.renew(lease, done, renewed_at)
+                next_beat = time.monotonic() + self.options.heartbeat_interval
+        return renewed_at
+
+    def renew(self, lease: Lease, done: CancelEvent, renewed_at: float) -> float:
+        try:
+            held = engine.heartbeat(
+                self.db(), lease.step_id, lease.token, lease_ttl=self.options.lease_ttl
+            )
+        except psycopg.OperationalError as exc:
+            self.check_trust(lease, done, renewed_at, exc)
+            return renewed_at
+        if not held:
+            # Revoked (cancel, deadline) or reclaimed: whatever the handler returns is void.
+            log.warning("step %d: lease lost while running", lease.step_id)
+            done.set()
+            raise ChildExit(ExitCode.LEASE_LOST)
+        self.channel.send(channel.Beat())
+        return time.monotonic()
+
+    def check_trust(
+        self, lease: Lease, done: CancelEvent, renewed_at: float, exc: Exception
+    ) -> None:
+        """Stop before the lease can expire unrenewed: never act on stale authority."""
+        left = renewed_at + self.options.lease_ttl - time.monotonic()
+        log.warning("step %d: cannot renew the lease (%.1fs left): %s", lease.step_id, left, exc)
+        if left <= self.options.heartbeat_interval:
+            done.set()
+            raise ChildExit(ExitCode.LEASE_LOST)
+
+    def record(self, lease: Lease, outcome: runner.Outcome, renewed_at: float) -> bool:
+        while True:
+            try:
+                return runner.record(self.db(), lease, outcome)
+            except psycopg.OperationalError as exc:
+                # A write that committed before the connection broke reads as lost on retry,
+                # which is right: the fenced write cannot happen twice.
+                self.check_trust(lease, CancelEvent(), renewed_at, exc)
+                self.wakeup.wait(min(1.0, self.options.heartbeat_interval))

@@ -1,0 +1,60 @@
+"""Workflows the process tests' supervisors import (tests/process is on their PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import cyclone
+
+# A grandchild that ignores SIGTERM too: only a SIGKILL of the whole group ends it.
+_GRANDCHILD = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+
+
+def _stubborn(ctx: cyclone.StepContext) -> None:
+    """Spawn a grandchild, note both pids, then ignore ctx.done (and SIGTERM) forever."""
+    child = subprocess.Popen([sys.executable, "-c", _GRANDCHILD])
+    note = Path(ctx.input["dir"]) / f"{ctx.run_id}.{ctx.attempt}.pids"
+    note.write_text(f"{os.getpid()} {child.pid}\n")
+    while True:
+        time.sleep(0.05)
+
+
+stubborn = cyclone.Workflow("proc-stubborn")
+stubborn.task(name="hang", timeout=timedelta(minutes=10), max_attempts=1)(_stubborn)
+
+timed = cyclone.Workflow("proc-timed")
+timed.task(name="hang", timeout=timedelta(seconds=1), max_attempts=2)(_stubborn)
+
+crashy = cyclone.Workflow("proc-crashy")
+
+
+@crashy.task(max_attempts=3)
+def crash_once(ctx: cyclone.StepContext) -> str:
+    if ctx.attempt == 1:
+        os._exit(13)
+    return f"survived on attempt {ctx.attempt}"
+
+
+busy = cyclone.Workflow("proc-busy")
+
+
+@busy.task(max_attempts=3)
+def work(ctx: cyclone.StepContext) -> int:
+    """Log start and end with O_APPEND, so a test can check no step ran twice at once."""
+    log = Path(ctx.input["dir"]) / "spans.log"
+    with log.open("a") as f:
+        f.write(f"start {ctx.step_id} {time.monotonic():.6f} {os.getpid()}\n")
+    time.sleep(ctx.input.get("sleep", 0.02))
+    with log.open("a") as f:
+        f.write(f"end {ctx.step_id} {time.monotonic():.6f} {os.getpid()}\n")
+    return ctx.input["n"]
+
+
+@busy.task(after=[work])
+def after(ctx: cyclone.StepContext) -> int:
+    return ctx.results["work"] + 1

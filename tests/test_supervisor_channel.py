@@ -1,0 +1,94 @@
+"""The worker-to-supervisor pipe protocol, exit statuses and process titles."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from cyclone.supervisor import channel
+from cyclone.supervisor.children import ExitStatus
+from cyclone.supervisor.proctitle import scanner_title, supervisor_title, worker_title
+
+LEASED = channel.Leased(
+    step_id=7, token="0b6f2c5e-1111-2222-3333-444455556666", run_id="9c1d",
+    workflow="fulfill order", node="reserve", attempt=2, kill_after=29.5, deadline_left=None,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        channel.Ready(),
+        LEASED,
+        channel.Beat(),
+        channel.Done(step_id=7, outcome="completed", duration=0.25),
+        channel.Idle(),
+    ],
+)
+def test_every_message_survives_a_round_trip_as_one_line(message: channel.Message) -> None:
+    raw = channel.encode(message)
+    assert raw.endswith(b"\n") and raw.count(b"\n") == 1
+    assert channel.decode(raw) == message
+
+
+def test_a_bare_verb_has_no_payload() -> None:
+    assert channel.encode(channel.Beat()) == b"beat\n"
+
+
+@pytest.mark.parametrize("line", [b"hello", b"leased {not json", b'done {"step_id": 1}', b""])
+def test_garbage_lines_are_protocol_errors(line: bytes) -> None:
+    with pytest.raises(channel.ProtocolError):
+        channel.decode(line)
+
+
+def test_unknown_fields_from_a_newer_worker_are_ignored() -> None:
+    assert channel.decode(b'done {"step_id":1,"outcome":"x","duration":1,"extra":2}') == (
+        channel.Done(step_id=1, outcome="x", duration=1)
+    )
+
+
+def test_the_line_buffer_hands_out_whole_lines_only() -> None:
+    buffer = channel.LineBuffer()
+    assert buffer.feed(b"ready\nbe") == [b"ready"]
+    assert buffer.feed(b"at\n") == [b"beat"]
+    assert buffer.feed(b"idle") == []
+    assert buffer.feed(b"\n\n") == [b"idle"]
+
+
+def test_the_line_buffer_drops_overlong_lines() -> None:
+    buffer = channel.LineBuffer()
+    assert buffer.feed(b"x" * (channel.MAX_LINE + 1)) == []
+    assert buffer.feed(b"\nbeat\n") == [b"beat"]
+
+
+def test_a_message_too_long_for_an_atomic_write_is_refused() -> None:
+    with pytest.raises(channel.ProtocolError):
+        channel.encode(channel.Done(step_id=1, outcome="x" * channel.MAX_LINE, duration=0))
+
+
+def test_a_channel_writes_whole_lines_into_a_pipe() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        channel.Channel(write_fd).send(LEASED)
+        assert channel.decode(os.read(read_fd, 65536)) == LEASED
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_exit_statuses_are_decoded_with_the_wif_helpers() -> None:
+    assert ExitStatus.decode(3 << 8) == ExitStatus(code=3)
+    assert ExitStatus.decode(signal.SIGKILL) == ExitStatus(signal=signal.SIGKILL)
+    assert ExitStatus(code=4).describe() == "exited with 4 (lease_lost)"
+    assert ExitStatus(code=42).describe() == "exited with 42"
+    assert ExitStatus(signal=signal.SIGKILL).describe() == "killed by SIGKILL"
+
+
+def test_process_titles_read_as_the_spec_shows() -> None:
+    assert supervisor_title() == "cyclone supervisor"
+    assert scanner_title() == "cyclone scanner"
+    assert worker_title(3) == "cyclone worker 3: idle"
+    title = worker_title(3, workflow="fulfill-order", node="reserve", run_id="abc", attempt=2)
+    assert title == "cyclone worker 3: fulfill-order/reserve run=abc attempt=2"

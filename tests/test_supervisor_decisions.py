@@ -1,0 +1,557 @@
+"""The supervisor's decisions, driven by a fake process layer, a fake store and a fake clock."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import pytest
+
+from cyclone.states import ErrorKind
+from cyclone.supervisor import channel
+from cyclone.supervisor.arbiter import (
+    BOOT_BACKOFF,
+    EXIT_HALTED,
+    FAST_EXIT,
+    MAX_BOOT_FAILURES,
+    Arbiter,
+    ArbiterConfig,
+)
+from cyclone.supervisor.children import (
+    DEADLINE_MARGIN,
+    ChildMain,
+    ExitStatus,
+    KillReason,
+    Role,
+)
+
+KILLED = ExitStatus(signal=signal.SIGKILL)
+CLEAN = ExitStatus(code=0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeOps:
+    def __init__(self) -> None:
+        self.next_pid = 100
+        self.spawned: list[int] = []
+        self.sent: list[tuple[str, int, int]] = []
+        self.exits: list[tuple[int, ExitStatus]] = []
+        self.pipes: dict[int, list[bytes]] = {}
+        self.closed: list[int] = []
+        self.fail_fork = False
+
+    def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
+        if self.fail_fork:
+            raise BlockingIOError("fork: resource temporarily unavailable")
+        self.next_pid += 1
+        self.spawned.append(self.next_pid)
+        fd = self.next_pid + 1000
+        self.pipes[fd] = []
+        return self.next_pid, fd
+
+    def signal(self, pid: int, sig: int) -> None:
+        self.sent.append(("pid", pid, sig))
+
+    def signal_group(self, pgid: int, sig: int) -> None:
+        self.sent.append(("group", pgid, sig))
+
+    def reap(self) -> list[tuple[int, ExitStatus]]:
+        found, self.exits = self.exits, []
+        return found
+
+    def read(self, fd: int) -> bytes | None:
+        queue = self.pipes.get(fd)
+        return queue.pop(0) if queue else None
+
+    def close(self, fd: int) -> None:
+        self.closed.append(fd)
+
+    def signals_to(self, pid: int) -> list[tuple[str, int]]:
+        return [(kind, sig) for kind, target, sig in self.sent if target == pid]
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.failed: list[tuple[int, str, ErrorKind, str]] = []
+        self.revocations: dict[int, str | None] = {}
+        self.revoked_calls = 0
+        self.swept = 0
+        self.sweep_revokes: dict[int, str | None] = {}
+
+    def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:
+        self.revoked_calls += 1
+        return {k: v for k, v in self.revocations.items() if k in held}
+
+    def fail_step(self, step_id: int, token: str, kind: ErrorKind, error: str) -> bool:
+        self.failed.append((step_id, token, kind, error))
+        return True
+
+    def sweep_deadlines(self) -> int:
+        self.swept += 1
+        self.revocations.update(self.sweep_revokes)
+        return len(self.sweep_revokes)
+
+
+class FakeFactory:
+    def worker_main(self, number: int) -> ChildMain:
+        return lambda fd: 0
+
+    def scanner_main(self) -> ChildMain:
+        return lambda fd: 0
+
+
+CONFIG = ArbiterConfig(
+    workers=2, kill_grace=0.5, shutdown_timeout=5.0, lease_ttl=10.0, poll_interval=1.0,
+    scanner=True,
+)  # fmt: skip
+
+
+class Harness:
+    def __init__(self, config: ArbiterConfig = CONFIG) -> None:
+        self.clock = FakeClock()
+        self.ops = FakeOps()
+        self.store = FakeStore()
+        self.reloaded: list[ArbiterConfig] = []
+        self.arbiter = Arbiter(
+            config, ops=self.ops, clock=self.clock, store=self.store, factory=FakeFactory(),
+            reload=self.reload,
+        )  # fmt: skip
+        self.next_config = config
+
+    def reload(self) -> tuple[ArbiterConfig, FakeFactory]:
+        self.reloaded.append(self.next_config)
+        return self.next_config, FakeFactory()
+
+    def workers(self) -> list[int]:
+        return [h.pid for h in self.arbiter.workers()]
+
+    def send(self, pid: int, message: channel.Message) -> None:
+        handle = self.arbiter.children[pid]
+        self.ops.pipes[handle.fd].append(channel.encode(message))
+        self.arbiter.on_readable(handle.fd)
+
+    def boot(self, pid: int) -> None:
+        self.send(pid, channel.Ready())
+
+    def lease(self, pid: int, step_id: int = 7, kill_after: float | None = 2.0,
+              deadline_left: float | None = None) -> None:  # fmt: skip
+        self.send(pid, channel.Leased(
+            step_id=step_id, token=f"tok-{step_id}", run_id="r1", workflow="wf", node="n",
+            attempt=1, kill_after=kill_after, deadline_left=deadline_left,
+        ))  # fmt: skip
+
+    def exit(self, pid: int, status: ExitStatus) -> None:
+        self.ops.exits.append((pid, status))
+        self.arbiter.tick()
+
+    def started(self) -> list[int]:
+        self.arbiter.start()
+        pids = self.workers()
+        for pid in list(self.arbiter.children):
+            self.boot(pid)
+        return pids
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness()
+
+
+def test_start_spawns_the_configured_workers_and_one_scanner(h: Harness) -> None:
+    h.arbiter.start()
+    roles = sorted(handle.role for handle in h.arbiter.children.values())
+    assert roles == [Role.SCANNER, Role.WORKER, Role.WORKER]
+    assert sorted(handle.number for handle in h.arbiter.workers()) == [1, 2]
+
+
+def test_a_step_past_its_timeout_gets_sigterm_then_its_group_sigkill_after_kill_grace(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=2.0)
+    h.clock.advance(1.9)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    h.clock.advance(0.2)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    h.clock.advance(0.4)
+    h.arbiter.tick()
+    assert ("group", signal.SIGKILL) not in h.ops.signals_to(pid)
+    h.clock.advance(0.2)
+    h.arbiter.tick()
+    assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
+    assert h.store.failed == []  # recorded only once the process is dead
+    h.exit(pid, KILLED)
+    assert h.store.failed == [(7, "tok-7", ErrorKind.TIMEOUT, "attempt 1 ran past its timeout")]
+    assert h.arbiter.kills == {KillReason.TIMEOUT: 1}
+
+
+def test_a_killed_worker_is_replaced_under_the_same_number(h: Harness) -> None:
+    pid = h.started()[0]
+    number = h.arbiter.children[pid].number
+    h.lease(pid, kill_after=0.1)
+    h.clock.advance(0.2)
+    h.arbiter.tick()
+    h.exit(pid, ExitStatus(code=channel.ExitCode.STOPPED))
+    assert pid not in h.arbiter.children
+    new = [x for x in h.workers() if x not in h.ops.spawned[:3]]
+    assert len(new) == 1 and h.arbiter.children[new[0]].number == number
+
+
+def test_a_worker_that_stops_cooperatively_still_loses_its_whole_group(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=1.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    h.exit(pid, ExitStatus(code=channel.ExitCode.STOPPED))
+    assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
+    assert [f[2] for f in h.store.failed] == [ErrorKind.TIMEOUT]
+
+
+def test_kill_grace_zero_kills_at_once(h: Harness) -> None:
+    h = Harness(replace(CONFIG, kill_grace=0.0))
+    pid = h.started()[0]
+    h.lease(pid, kill_after=1.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
+
+
+def test_a_worker_dying_on_its_own_mid_step_fails_the_attempt_as_crashed_at_once(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.clock.advance(FAST_EXIT)
+    h.lease(pid, kill_after=None)
+    h.exit(pid, ExitStatus(code=42))
+    assert h.store.failed == [(7, "tok-7", ErrorKind.CRASHED, "worker process exited with 42")]
+    assert len(h.workers()) == 2
+
+
+def test_a_worker_crashing_right_after_boot_is_respawned_with_backoff(h: Harness) -> None:
+    pid = h.started()[0]
+    h.exit(pid, ExitStatus(code=channel.ExitCode.CRASHED))
+    assert len(h.workers()) == 1
+    h.clock.advance(BOOT_BACKOFF)
+    h.arbiter.tick()
+    assert len(h.workers()) == 2
+
+
+def test_an_idle_worker_exiting_records_nothing(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid)
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1))
+    h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
+    assert h.store.failed == []
+    assert len(h.workers()) == 2
+
+
+def test_a_done_message_still_in_the_pipe_at_exit_is_read_first(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid)
+    fd = h.arbiter.children[pid].fd
+    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
+    assert h.store.failed == []
+
+
+def test_a_cancelled_run_kills_its_worker_without_writing(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: "cancelled"}
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    h.clock.advance(0.5)
+    h.arbiter.tick()
+    assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
+    h.exit(pid, KILLED)
+    assert h.store.failed == []
+    assert h.arbiter.kills == {KillReason.CANCEL: 1}
+
+
+def test_revocations_are_polled_every_poll_interval_without_notifications(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 1
+    h.clock.advance(0.5)
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 1
+    h.clock.advance(0.6)
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 2
+
+
+def test_with_notifications_polling_is_only_a_safety_net(h: Harness) -> None:
+    h.arbiter.set_notifications(True)
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.arbiter.tick()
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 1
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 2
+
+
+def test_idle_supervisors_do_not_query_for_revocations(h: Harness) -> None:
+    h.started()
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    assert h.store.revoked_calls == 0
+
+
+def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: None}
+    fd = h.arbiter.children[pid].fd
+    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    h.arbiter.on_notify()
+    # The done line arrives between the query and the decision.
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+
+
+def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_crashed(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, step_id=7, kill_after=1.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()  # kill ordered for step 7
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.lease(pid, step_id=8, kill_after=None)
+    h.exit(pid, KILLED)
+    assert [(f[0], f[2]) for f in h.store.failed] == [(8, ErrorKind.CRASHED)]
+
+
+def test_at_the_run_deadline_the_database_decides_then_the_worker_is_killed(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=3.0, deadline_left=3.0)
+    h.store.sweep_revokes = {7: "deadline"}
+    h.clock.advance(3.0)
+    h.arbiter.tick()
+    assert h.store.swept == 0  # the margin keeps us from asking a moment too early
+    h.clock.advance(DEADLINE_MARGIN)
+    h.arbiter.tick()
+    assert h.store.swept == 1
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    assert h.arbiter.kills == {KillReason.DEADLINE: 1}
+    h.exit(pid, KILLED)
+    assert h.store.failed == []  # the sweep wrote the deadline outcome
+
+
+def test_a_deadline_the_database_moved_does_not_kill(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=3.0, deadline_left=3.0)
+    h.clock.advance(3.0 + DEADLINE_MARGIN)
+    h.arbiter.tick()  # the run was paused and resumed: nothing revoked
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    assert h.store.swept == 1
+    assert h.ops.signals_to(pid) == []
+
+
+def test_a_timeout_shorter_than_the_deadline_is_a_timeout(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=1.0, deadline_left=60.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    assert h.arbiter.children[pid].kill.reason is KillReason.TIMEOUT
+
+
+def test_a_busy_worker_silent_for_a_whole_lease_is_killed(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(9.0)
+    h.send(pid, channel.Beat())
+    h.clock.advance(9.0)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    h.clock.advance(1.1)
+    h.arbiter.tick()
+    assert h.arbiter.children[pid].kill.reason is KillReason.SILENT
+
+
+def test_boot_failures_back_off_exponentially_then_halt(h: Harness) -> None:
+    h.arbiter.start()
+    for pid in list(h.arbiter.children):
+        h.ops.exits.append((pid, ExitStatus(code=channel.ExitCode.BOOT_ERROR)))
+    h.arbiter.tick()
+    assert h.arbiter.boot_failures == 3
+    assert h.arbiter.children == {}
+    delay = BOOT_BACKOFF * 4
+    h.clock.advance(delay - 0.01)
+    h.arbiter.tick()
+    assert h.arbiter.children == {}
+    h.clock.advance(0.02)
+    h.arbiter.tick()
+    assert len(h.arbiter.children) == 1  # one probe at a time
+    while not h.arbiter.halted:
+        (pid,) = h.arbiter.children
+        h.clock.advance(60)
+        h.exit(pid, ExitStatus(code=channel.ExitCode.BOOT_ERROR))
+        h.clock.advance(60)
+        h.arbiter.tick()
+    assert h.arbiter.boot_failures == MAX_BOOT_FAILURES
+    assert h.arbiter.finished and h.arbiter.exit_code == EXIT_HALTED
+
+
+def test_one_successful_boot_resets_the_backoff(h: Harness) -> None:
+    h.arbiter.start()
+    pid = h.workers()[0]
+    h.exit(pid, ExitStatus(code=channel.ExitCode.BOOT_ERROR))
+    assert h.arbiter.boot_failures == 1
+    h.boot(h.workers()[0])
+    assert h.arbiter.boot_failures == 0
+
+
+def test_a_failed_fork_is_retried_later(h: Harness) -> None:
+    h.ops.fail_fork = True
+    h.arbiter.start()
+    assert h.arbiter.children == {}
+    h.ops.fail_fork = False
+    h.arbiter.tick()
+    assert h.arbiter.children == {}
+    h.clock.advance(BOOT_BACKOFF)
+    h.arbiter.tick()
+    assert len(h.arbiter.children) == 3
+
+
+def test_sigterm_drains_workers_and_exits_once_they_are_gone(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=None)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    for pid in h.arbiter.children:
+        role = h.arbiter.children[pid].role
+        expected = signal.SIGUSR1 if role is Role.WORKER else signal.SIGTERM
+        assert h.ops.signals_to(pid) == [("pid", expected)]
+    for pid in list(h.arbiter.children):
+        if pid != pids[0]:
+            h.exit(pid, CLEAN)
+    assert not h.arbiter.finished and len(h.ops.spawned) == 3  # no respawn while draining
+    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1))
+    h.exit(pids[0], CLEAN)
+    assert h.arbiter.finished and h.arbiter.exit_code == 0
+    assert h.store.failed == []
+
+
+def test_a_drain_past_shutdown_timeout_kills_and_releases(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=None)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.clock.advance(5.0)
+    h.arbiter.tick()
+    assert ("group", signal.SIGKILL) in h.ops.signals_to(pids[0])
+    for pid in list(h.arbiter.children):
+        h.ops.exits.append((pid, KILLED))
+    h.arbiter.tick()
+    assert [(f[0], f[2]) for f in h.store.failed] == [(7, ErrorKind.CRASHED)]
+    assert h.arbiter.finished and h.arbiter.exit_code == 0
+    assert h.arbiter.kills[KillReason.SHUTDOWN] == 3
+
+
+def test_a_second_sigint_kills_at_once(h: Harness) -> None:
+    pid = h.started()[0]
+    h.arbiter.handle_signal(signal.SIGINT)
+    h.arbiter.handle_signal(signal.SIGINT)
+    assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
+
+
+def test_ttin_adds_a_worker_and_ttou_retires_an_idle_one(h: Harness) -> None:
+    pids = h.started()
+    h.arbiter.handle_signal(signal.SIGTTIN)
+    h.arbiter.tick()
+    assert len(h.workers()) == 3
+    h.lease(pids[0], kill_after=None)
+    h.arbiter.handle_signal(signal.SIGTTOU)
+    h.arbiter.tick()
+    retired = [x for x in h.workers() if h.arbiter.children[x].retiring]
+    assert len(retired) == 1 and retired[0] != pids[0]
+    assert h.ops.signals_to(retired[0]) == [("pid", signal.SIGUSR1)]
+    h.arbiter.handle_signal(signal.SIGTTOU)
+    h.arbiter.handle_signal(signal.SIGTTOU)
+    assert h.arbiter.target == 1
+
+
+def test_sighup_starts_new_children_and_retires_the_old_gracefully(h: Harness) -> None:
+    old = set(h.arbiter.children) if h.started() else set()
+    h.next_config = replace(CONFIG, workers=3)
+    h.arbiter.handle_signal(signal.SIGHUP)
+    h.arbiter.tick()
+    assert all(h.arbiter.children[pid].retiring for pid in old)
+    new = [pid for pid in h.arbiter.children if pid not in old]
+    assert len(new) == 4  # three workers and a scanner
+    for pid in old:
+        h.exit(pid, CLEAN)
+    assert len(h.arbiter.children) == 4
+
+
+def test_a_bad_reload_keeps_the_running_children(h: Harness, caplog) -> None:
+    h.started()
+
+    def broken() -> tuple[ArbiterConfig, FakeFactory]:
+        from cyclone.errors import ConfigError
+
+        raise ConfigError("cyclone.toml: [supervisor] workers: expected an integer")
+
+    h.arbiter.reload = broken
+    h.arbiter.handle_signal(signal.SIGHUP)
+    assert not any(handle.retiring for handle in h.arbiter.children.values())
+    assert "keeping the old config" in caplog.text
+
+
+def test_the_scanner_is_respawned_when_it_dies(h: Harness) -> None:
+    h.started()
+    (scanner,) = [p for p, x in h.arbiter.children.items() if x.role is Role.SCANNER]
+    h.clock.advance(FAST_EXIT)
+    h.exit(scanner, ExitStatus(code=1))
+    assert sum(x.role is Role.SCANNER for x in h.arbiter.children.values()) == 1
+
+
+def test_no_scanner_when_disabled() -> None:
+    h = Harness(replace(CONFIG, scanner=False))
+    h.arbiter.start()
+    assert all(x.role is Role.WORKER for x in h.arbiter.children.values())
+
+
+def test_unknown_children_are_reaped_quietly(h: Harness) -> None:
+    h.started()
+    h.exit(4242, CLEAN)
+    assert len(h.arbiter.children) == 3
+
+
+def test_the_loop_wakes_for_the_next_kill(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=0.25)
+    assert h.arbiter.next_wakeup() == pytest.approx(h.clock.now + 0.0)  # poll due now
+    h.arbiter.tick()
+    assert h.arbiter.next_wakeup() == pytest.approx(h.clock.now + 0.25)
+    h.clock.advance(0.25)
+    h.arbiter.tick()
+    assert h.arbiter.next_wakeup() == pytest.approx(h.clock.now + 0.5)
+
+
+def test_the_loop_does_not_spin_while_a_killed_worker_awaits_its_reaping(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=0.1)
+    h.clock.advance(1.0)
+    h.arbiter.tick()  # SIGTERM
+    h.clock.advance(0.5)
+    h.arbiter.tick()  # SIGKILL; the process is not reaped yet
+    assert h.arbiter.next_wakeup() > h.clock.now

@@ -1,0 +1,172 @@
+"""A forked worker on its own: what it tells the supervisor, what it records, how it leaves."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+
+import cyclone
+from cyclone.states import RunState, StepState
+from cyclone.supervisor import channel
+from cyclone.supervisor.channel import ExitCode
+from cyclone.supervisor.children import ExitStatus, OsProcessOps
+from cyclone.worker import Worker, WorkerOptions
+from cyclone.workflow import Registry
+
+pytestmark = pytest.mark.process
+
+pair = cyclone.Workflow("worker-pair")
+
+
+@pair.task()
+def first(ctx):
+    return 1
+
+
+@pair.task(after=[first])
+def second(ctx):
+    return ctx.results["first"] + 1
+
+
+patient = cyclone.Workflow("worker-patient")
+
+
+@patient.task(timeout=timedelta(minutes=1), max_attempts=1)
+def wait_for_done(ctx):
+    ctx.done.wait(30)
+    return "stopped" if ctx.done.is_set() else "timed out"
+
+
+slow = cyclone.Workflow("worker-slow")
+
+
+@slow.task(timeout=timedelta(minutes=1))
+def nap(ctx):
+    time.sleep(0.5)
+    return "rested"
+
+
+class Forked:
+    def __init__(self, env, max_steps: int = 0) -> None:
+        options = WorkerOptions(
+            number=1, dsn=env.dsn, lease_ttl=3.0, heartbeat_interval=0.2, poll_interval=0.05,
+            max_steps=max_steps,
+        )  # fmt: skip
+        registry = Registry([pair, patient, slow])
+        self.pid, self.fd = OsProcessOps().spawn(
+            Worker(options, registry, parent=os.getpid()).run, close_fds=[]
+        )
+        self.buffer = channel.LineBuffer()
+        self.messages: list[channel.Message] = []
+
+    def read_until(self, verb: str, timeout: float = 10) -> channel.Message:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, message in enumerate(self.messages):
+                if message.verb == verb:
+                    del self.messages[: i + 1]
+                    return message
+            ready, _, _ = select.select([self.fd], [], [], 0.05)
+            if ready:
+                data = os.read(self.fd, 65536)
+                self.messages += [channel.decode(x) for x in self.buffer.feed(data)]
+        pytest.fail(f"no {verb} from the worker within {timeout}s")
+
+    def wait_exit(self, timeout: float = 10) -> ExitStatus:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return ExitStatus.decode(status)
+            time.sleep(0.02)
+        pytest.fail("the worker did not exit")
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except (ProcessLookupError, ChildProcessError, PermissionError):
+            pass
+        os.close(self.fd)
+
+
+@pytest.fixture
+def forked(env):
+    env.register(pair, patient, slow)
+    started: list[Forked] = []
+
+    def start(max_steps: int = 0) -> Forked:
+        started.append(Forked(env, max_steps))
+        return started[-1]
+
+    yield start
+    for worker in started:
+        worker.close()
+
+
+def test_a_worker_reports_each_step_and_recycles_after_max_steps(env, forked) -> None:
+    run_id = env.client.submit(pair, {})
+    worker = forked(max_steps=2)
+    worker.read_until("ready")
+    leased = worker.read_until("leased")
+    assert (leased.workflow, leased.node, leased.attempt) == ("worker-pair", "first", 1)
+    assert leased.kill_after > 0 and leased.deadline_left is None
+    done = worker.read_until("done")
+    assert (done.step_id, done.outcome) == (leased.step_id, "completed")
+    assert worker.read_until("leased").node == "second"
+    worker.read_until("done")
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.RECYCLE)
+    assert env.client.get_run(run_id).output == {"second": 2}
+
+
+def test_an_idle_worker_says_so_once_and_leaves_on_sigusr1(forked) -> None:
+    worker = forked()
+    worker.read_until("ready")
+    worker.read_until("idle")
+    time.sleep(0.2)
+    os.kill(worker.pid, signal.SIGUSR1)
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.OK)
+    assert not any(m.verb == "idle" for m in worker.messages)
+
+
+def test_sigterm_sets_ctx_done_and_the_worker_leaves_without_recording(env, forked) -> None:
+    run_id = env.client.submit(patient, {})
+    worker = forked()
+    worker.read_until("leased")
+    os.kill(worker.pid, signal.SIGTERM)
+    assert worker.wait_exit(5) == ExitStatus(code=ExitCode.STOPPED)
+    (step,) = env.client.steps(run_id)
+    assert step.state == StepState.RUNNING  # the supervisor writes the outcome, not the worker
+
+
+def test_sigusr1_lets_the_running_step_finish_and_be_recorded(env, forked) -> None:
+    run_id = env.client.submit(slow, {})
+    worker = forked()
+    worker.read_until("leased")
+    os.kill(worker.pid, signal.SIGUSR1)
+    assert worker.read_until("done").outcome == "completed"
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.OK)
+    assert env.client.get_run(run_id).state == RunState.COMPLETED
+
+
+def test_a_worker_whose_lease_is_revoked_stops_at_its_next_heartbeat(env, forked) -> None:
+    run_id = env.client.submit(patient, {})
+    worker = forked()
+    worker.read_until("leased")
+    worker.read_until("beat")
+    env.client.cancel(run_id)
+    assert worker.wait_exit(5) == ExitStatus(code=ExitCode.LEASE_LOST)
+
+
+def test_a_worker_whose_supervisor_is_gone_leaves(env, forked) -> None:
+    worker = forked()
+    worker.read_until("ready")
+    os.close(worker.fd)
+    worker.fd = os.open(os.devnull, os.O_RDONLY)  # so close() has something to close
+    env.client.submit(pair, {})
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.ORPHANED)
