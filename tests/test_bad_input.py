@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cyclone
@@ -445,6 +445,21 @@ def test_a_malformed_step_id_raises_step_not_found(env: TestEnv, step_id: str) -
         env.client.step(step_id)  # type: ignore[arg-type]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: Client.step coerces its id with int(), so 1.5 and True (and "
+    "non-ASCII digit strings) silently return step 1",
+)
+@pytest.mark.parametrize("step_id", [1.5, True], ids=["float", "bool"])
+def test_a_step_id_that_is_not_an_integer_does_not_find_another_step(
+    env: TestEnv, step_id: Any
+) -> None:
+    env.client.submit(simple, {})
+    assert env.client.step(1).node == "only"
+    with pytest.raises(cyclone.StepNotFound):
+        env.client.step(step_id)
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
@@ -528,13 +543,11 @@ json_values = st.recursive(
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00")),
-    lambda children: (
-        st.lists(children, max_size=3)
-        | st.dictionaries(
-            st.text(max_size=5).filter(lambda k: "\x00" not in k), children, max_size=3
-        )
-    ),
+    | st.text()
+    # JSON, but not storable in PostgreSQL: these must be rejected with TypeError too.
+    | st.sampled_from(["a\x00b", "\ud800"])
+    | st.builds(pow, st.just(10), st.just(5000)),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(), children),
     max_leaves=8,
 )
 
@@ -609,19 +622,6 @@ def test_any_non_json_signal_payload_raises_type_error_and_writes_nothing(
     assert counts(shared_env) == before
 
 
-def _storable(value: Any) -> bool:
-    """False for the values of the known unstorable-text bug (tested above, xfail)."""
-    if isinstance(value, str):
-        return "\x00" not in value and not any("\ud800" <= ch <= "\udfff" for ch in value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return abs(value) < 10**4000
-    if isinstance(value, list | tuple):
-        return all(_storable(v) for v in value)
-    if isinstance(value, dict):
-        return all(_storable(k) and _storable(v) for k, v in value.items())
-    return True
-
-
 def _number(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
@@ -645,7 +645,6 @@ def same_json(a: Any, b: Any) -> bool:
 def test_any_value_is_either_submitted_intact_or_rejected_with_a_documented_error(
     shared_env: TestEnv, value: Any
 ) -> None:
-    assume(_storable(value))
     before = counts(shared_env)
     try:
         run_id = shared_env.client.submit(simple, value)
@@ -665,3 +664,19 @@ def test_any_text_as_a_run_id_raises_only_run_not_found(shared_env: TestEnv, run
         with pytest.raises(RunNotFound):
             op(run_id)
     assert counts(shared_env) == before
+
+
+@HYPOTHESIS
+@given(name=st.text(), payload=json_values)
+def test_any_text_as_a_signal_name_is_kept_or_rejected_with_value_error(
+    shared_env: TestEnv, name: str, payload: Any
+) -> None:
+    run_id = shared_env.client.submit(parked, {})
+    before = counts(shared_env)
+    try:
+        delivered = shared_env.client.signal(run_id, name, payload)
+    except (ValueError, TypeError):  # PayloadTooLarge is a ValueError
+        assert counts(shared_env) == before
+        return
+    assert delivered is True
+    assert counts(shared_env)["cyclone_signals"] == before["cyclone_signals"] + 1

@@ -465,10 +465,13 @@ class EngineModel(RuleBasedStateMachine):
         if then_scan:
             self.scan()
 
-    @rule(sweep=st.sampled_from(engine.SWEEPS))
-    def sweep(self, sweep: Any) -> None:
+    @rule(sweep=st.sampled_from(engine.SWEEPS), batch_size=st.sampled_from([1, 2, 500]))
+    def sweep(self, sweep: Any, batch_size: int) -> None:
+        """A scanner pass: the sweep in batches until a batch changes nothing."""
         now = self.now()
-        if sweep(self.conn, now=now):
+        for _ in range(50):
+            if not sweep(self.conn, batch_size=batch_size, now=now):
+                break
             event(f"{sweep.__name__} changed rows")
         self.check_swept(sweep, now)
 
@@ -623,6 +626,11 @@ TestRandomOperationsKeepEveryEngineInvariant = EngineModel.TestCase
 # -- minimal reproductions of what the machine (and its neighbours) found -----------------------
 
 
+def scalar(env: TestEnv, sql: str) -> Any:
+    (value,) = env.conn.execute(sql).fetchone().values()
+    return value
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="engine bug: run_resume moves a child node's due_at by paused-since "
@@ -643,13 +651,7 @@ def test_a_child_node_parked_during_a_pause_keeps_its_max_wait() -> None:
         env.advance_time(60)
         resumed = env.now()
         assert engine.resume_run(env.conn, run_id, now=resumed)
-        (due,) = (
-            env.conn.execute(
-                "SELECT due_at FROM cyclone_steps WHERE run_id = %s AND node = 'sub'", [run_id]
-            )
-            .fetchone()
-            .values()
-        )
+        due = scalar(env, "SELECT due_at FROM cyclone_steps WHERE node = 'sub'")
         # Parked during the pause: its whole max_wait is still ahead of it at resume.
         assert due - resumed == timedelta(seconds=CHILD_MAX_WAIT)
 
@@ -671,25 +673,13 @@ def test_a_retry_scheduled_during_a_pause_keeps_its_backoff() -> None:
         assert engine.fail_step(
             env.conn, lease.step_id, lease.token, kind="error", error="boom", now=failed
         )
-        (available,) = (
-            env.conn.execute(
-                "SELECT available_at FROM cyclone_steps WHERE id = %s", [lease.step_id]
-            )
-            .fetchone()
-            .values()
-        )
+        available = scalar(env, "SELECT available_at FROM cyclone_steps")
         backoff = available - failed
         assert timedelta(0) < backoff <= timedelta(seconds=1)
         env.advance_time(60)
         resumed = env.now()
         assert engine.resume_run(env.conn, run_id, now=resumed)
-        (moved,) = (
-            env.conn.execute(
-                "SELECT available_at FROM cyclone_steps WHERE id = %s", [lease.step_id]
-            )
-            .fetchone()
-            .values()
-        )
+        moved = scalar(env, "SELECT available_at FROM cyclone_steps")
         assert moved - resumed == backoff, "the retry waits out part of the pause again"
 
 
