@@ -197,10 +197,11 @@ class Client:
         return [StepInfo.from_row(r) for r in rows]
 
     def step(self, step_id: int) -> StepInfo:
-        try:
+        # Only whole numbers name steps: int() would turn 1.5, True or non-ASCII digits into a step.
+        if isinstance(step_id, str) and step_id.isascii() and step_id.strip().isdigit():
             step_id = int(step_id)
-        except (TypeError, ValueError):
-            raise StepNotFound(f"no step {step_id!r} (not a step id)") from None
+        if isinstance(step_id, bool) or not isinstance(step_id, int):
+            raise StepNotFound(f"no step {step_id!r} (not a step id)")
         if not 0 < step_id < 2**63:
             raise StepNotFound(f"no step {step_id!r}")
         with self.connection() as c:

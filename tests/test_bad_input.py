@@ -445,11 +445,6 @@ def test_a_malformed_step_id_raises_step_not_found(env: TestEnv, step_id: str) -
         env.client.step(step_id)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: Client.step coerces its id with int(), so 1.5 and True (and "
-    "non-ASCII digit strings) silently return step 1",
-)
 @pytest.mark.parametrize("step_id", [1.5, True], ids=["float", "bool"])
 def test_a_step_id_that_is_not_an_integer_does_not_find_another_step(
     env: TestEnv, step_id: Any
