@@ -34,6 +34,7 @@ _MAX_ERROR_CHARS = 4000
 class Outcome:
     ok: bool
     value: Any = None
+    encoded: str | None = None
     error: str | None = None
     kind: ErrorKind = ErrorKind.ERROR
     retry: bool = True
@@ -100,11 +101,11 @@ def execute(
     except (Exception, asyncio.CancelledError) as exc:
         return Outcome.failed(_describe(exc))
     try:
-        encode_json(value, f"value returned by {lease.workflow}/{lease.node}")
+        encoded = encode_json(value, f"value returned by {lease.workflow}/{lease.node}")
     except (TypeError, PayloadTooLarge) as exc:
         # Not retried: the same code would return the same thing again.
         return Outcome.failed(str(exc), retry=False)
-    return Outcome(ok=True, value=value)
+    return Outcome(ok=True, value=value, encoded=encoded)
 
 
 def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None = None) -> bool:
@@ -127,7 +128,7 @@ def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None =
             conn, lease, spec.child or "", outcome.value, max_wait=spec.max_wait, now=now
         )
         return child is not None
-    return complete_step(conn, lease, outcome.value, now=now)
+    return complete_step(conn, lease, outcome.value, now=now, encoded=outcome.encoded)
 
 
 def _call(fn: Any, ctx: StepContext) -> Any:

@@ -631,12 +631,6 @@ def scalar(env: TestEnv, sql: str) -> Any:
     return value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: run_resume moves a child node's due_at by paused-since "
-    "greatest(paused_at, created_at), but a child node's max_wait starts when it parks; one "
-    "that parked during the pause gets the pre-park part of the pause as extra max_wait",
-)
 def test_a_child_node_parked_during_a_pause_keeps_its_max_wait() -> None:
     with TestEnv(workflows=WORKFLOWS) as env:
         run_id = env.client.submit(family, {})
@@ -656,12 +650,6 @@ def test_a_child_node_parked_during_a_pause_keeps_its_max_wait() -> None:
         assert due - resumed == timedelta(seconds=CHILD_MAX_WAIT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: run_resume moves a retry's available_at by the whole pause even "
-    "when the attempt failed during the pause, so the backoff grows by the time between "
-    "the pause and the failure",
-)
 def test_a_retry_scheduled_during_a_pause_keeps_its_backoff() -> None:
     with TestEnv(workflows=WORKFLOWS) as env:
         run_id = env.client.submit(chain, {})

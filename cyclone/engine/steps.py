@@ -27,6 +27,7 @@ from cyclone.engine.advance import (
 from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
+from cyclone.workflow import Graph
 
 Conn = psycopg.Connection[Any]
 
@@ -59,6 +60,7 @@ class Lease:
     kill_after: float | None
     deadline_left: float | None
     lease_ttl: float
+    parent_run_id: str | None = None
 
     @property
     def is_fanout(self) -> bool:
@@ -107,6 +109,7 @@ def lease_step(
         kill_after=row["kill_after"],
         deadline_left=row["deadline_left"],
         lease_ttl=lease_ttl,
+        parent_run_id=str(row["parent_run_id"]) if row["parent_run_id"] else None,
     )
 
 
@@ -126,32 +129,64 @@ def heartbeat(
     return row.fetchone() is not None
 
 
-def complete_step(conn: Conn, lease: Lease, output: Any, *, now: datetime | None = None) -> bool:
-    """Record the step's output and advance its run, in one transaction."""
-    text = encode_json(output, f"output of {lease.workflow}/{lease.node}")
+def complete_step(
+    conn: Conn,
+    lease: Lease,
+    output: Any,
+    *,
+    now: datetime | None = None,
+    encoded: str | None = None,
+) -> bool:
+    """Record the step's output and advance its run, in one transaction.
+
+    `encoded` is the output already encoded as JSON (the runner checks it before recording).
+    """
+    text = encoded if encoded is not None else encode_json(output, f"output of {lease.node}")
+    params = {
+        "run_id": lease.run_id,
+        "step_id": lease.step_id,
+        "token": lease.token,
+        "output": text,
+        "now": now,
+    }
+    graph = graph_by_hash(conn, lease.graph_hash)
+    fast = _fast_completion(graph, lease)
+    if fast is not None:
+        query, extra = fast
+        row = retrying(lambda: conn.execute(QUERIES[query], {**params, **extra}).fetchone())
+        return bool(row["completed"])
 
     def tx() -> bool:
-        # Pipelined: BEGIN travels with the completion, and the downstream inserts with COMMIT,
-        # so a chain step costs two round trips here instead of four.
-        with conn.pipeline(), conn.transaction():
-            row = conn.execute(
-                QUERIES["step_complete"],
-                {
-                    "run_id": lease.run_id,
-                    "step_id": lease.step_id,
-                    "token": lease.token,
-                    "output": text,
-                    "now": now,
-                },
-            ).fetchone()
+        with conn.transaction():
+            row = conn.execute(QUERIES["step_complete"], params).fetchone()
             if row is None:
                 return False
             if lease.kind != NodeKind.MAP or map_completed(conn, lease.run_id, lease.node):
-                graph = graph_by_hash(conn, lease.graph_hash)
                 node_completed(conn, lease.run, graph, lease.node, now)
             return True
 
     return retrying(tx)
+
+
+def _fast_completion(graph: Graph, lease: Lease) -> tuple[str, dict[str, Any]] | None:
+    """The one-statement completion that fits this step, if one does.
+
+    A task whose downstream nodes depend on it alone needs nothing else of the run to make
+    their steps; the only sink of a graph completes its run (every other node is its ancestor).
+    Everything else (joins, map items, waits that may take a kept signal, child runs reporting
+    to a parent) goes through the general path.
+    """
+    if lease.kind != NodeKind.TASK:
+        return None
+    down = graph.downstream[lease.node]
+    if down:
+        specs = [graph.nodes[d] for d in down]
+        if all(s.after == (lease.node,) and s.kind != NodeKind.WAIT for s in specs):
+            return "step_complete_chain", node_rows(specs)
+        return None
+    if graph.sinks == (lease.node,) and lease.parent_run_id is None:
+        return "step_complete_last", {}
+    return None
 
 
 def fail_step(

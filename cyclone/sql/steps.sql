@@ -4,12 +4,13 @@
 -- name: step_insert
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout, signal,
-                           available_at, due_at, created_at)
+                           available_at, due_at, created_at, gated_at)
 SELECT %(run_id)s, %(workflow)s, n.node, n.kind,
        CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
        n.max_attempts, make_interval(secs => n.timeout), n.signal,
        coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+       coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now())
   FROM unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
               %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
@@ -29,9 +30,10 @@ SELECT s.run_id, s.workflow, s.node, 'map', i.idx, i.item::jsonb, 'available', s
 ON CONFLICT DO NOTHING;
 
 -- name: step_lease
--- Lease the oldest due step of a running run, skipping rows other workers hold.
+-- Lease the oldest due step of a running run, skipping rows other workers hold. The run's
+-- columns come along from the candidate scan, so the run is read once.
 WITH candidate AS (
-    SELECT s.id
+    SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
       FROM cyclone_steps s
       JOIN cyclone_runs r ON r.id = s.run_id
      WHERE s.state = 'available'
@@ -47,14 +49,15 @@ UPDATE cyclone_steps s
    SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
        lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s),
        leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
-  FROM candidate, cyclone_runs r
- WHERE s.id = candidate.id AND r.id = s.run_id
+  FROM candidate
+ WHERE s.id = candidate.id
 RETURNING s.id, s.run_id, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
-          s.max_attempts, s.lease_token, r.input, r.deadline_at, r.graph_hash,
-          extract(epoch FROM least(s.timeout,
-                                   r.deadline_at - coalesce(%(now)s::timestamptz, now())))::float8
+          s.max_attempts, s.lease_token, candidate.input, candidate.deadline_at,
+          candidate.graph_hash, candidate.parent_run_id,
+          extract(epoch FROM least(s.timeout, candidate.deadline_at
+                                              - coalesce(%(now)s::timestamptz, now())))::float8
               AS kill_after,
-          extract(epoch FROM r.deadline_at - coalesce(%(now)s::timestamptz, now()))::float8
+          extract(epoch FROM candidate.deadline_at - coalesce(%(now)s::timestamptz, now()))::float8
               AS deadline_left;
 
 -- name: step_heartbeat
@@ -77,6 +80,63 @@ UPDATE cyclone_steps s
    AND s.run_id = run.id
 RETURNING s.node, s.kind, run.state AS run_state;
 
+-- name: step_complete_chain
+-- The common case in one statement: a task completes and every node after it depends on it
+-- alone, so its steps can be made without reading anything else of the run. The run is locked
+-- first (as every writer does), then the step is completed under its lease, then the next
+-- nodes' steps are inserted; a stale lease completes nothing and so inserts nothing.
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+), done AS (
+    UPDATE cyclone_steps s
+       SET state = 'completed', output = %(output)s::jsonb,
+           completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+      FROM run
+     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+       AND s.run_id = run.id
+ RETURNING s.run_id, s.workflow
+), next AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, due_at, created_at, gated_at)
+    SELECT done.run_id, done.workflow, n.node, n.kind,
+           CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+           n.max_attempts, make_interval(secs => n.timeout), n.signal,
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now())
+      FROM done,
+           unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
+                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
+           AS n (node, kind, max_attempts, timeout, signal, due)
+    ON CONFLICT DO NOTHING
+)
+SELECT count(*) AS completed FROM done;
+
+-- name: step_complete_last
+-- The run's only sink completes: every other node is its ancestor and so already complete,
+-- and the run completes with this step's output, in one statement.
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+), done AS (
+    UPDATE cyclone_steps s
+       SET state = 'completed', output = %(output)s::jsonb,
+           completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+      FROM run
+     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+       AND s.run_id = run.id
+ RETURNING s.run_id, s.node, s.output
+), finished AS (
+    UPDATE cyclone_runs r
+       SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
+           paused_at = NULL, output = jsonb_build_object(done.node, done.output)
+      FROM done
+     WHERE r.id = done.run_id AND r.state IN ('running', 'paused')
+)
+SELECT count(*) AS completed FROM done;
+
 -- name: step_fail
 -- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.
 WITH run AS (
@@ -91,7 +151,8 @@ UPDATE cyclone_steps s
                    * (0.5 + random() * 0.5)),
        completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
                            ELSE coalesce(%(now)s::timestamptz, now()) END,
-       error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL
+       error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL,
+       gated_at = coalesce(%(now)s::timestamptz, now())
   FROM run
  WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
    AND s.run_id = run.id
@@ -118,7 +179,7 @@ WITH run AS (
 )
 UPDATE cyclone_steps s
    SET state = 'waiting', child_run_id = %(child_run_id)s, lease_token = NULL,
-       lease_expires_at = NULL,
+       lease_expires_at = NULL, gated_at = coalesce(%(now)s::timestamptz, now()),
        due_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(max_wait)s)
   FROM run
  WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'

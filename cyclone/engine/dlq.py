@@ -1,0 +1,132 @@
+"""Re-driving the DLQ: a dead step is retried, and its failed run runs again.
+
+A dead step has failed its run, and the failure discarded the run's other live steps. Retrying
+one of them therefore re-drives the whole run, in one transaction, locking the run before its
+steps as every writer does:
+
+    run    failed  ──retry──▶  running (finished_at NULL; a new deadline_at with `deadline`)
+    steps  dead, discarded ──▶ available (tasks, maps, child nodes: attempts reset)
+                             ╰▶ waiting   (waits and sleeps, with a fresh due_at)
+
+Every dead step of the run comes back, not only the one named: a run that still had a dead
+step would be running and failed at once. Steps come back in place (same row, same node
+instance), so map items keep their index and the one-step-per-node-instance index holds;
+nodes that never got a step get one as their dependencies complete, as always.
+
+Refused (RetryRefused): a step that is not dead, a run that is not failed (completed,
+cancelled, or already re-driven), a run whose deadline failed it unless a new `deadline` is
+given, a deadline on a child run (child runs have none of their own), and a child run whose
+parent has ended (retry the parent's child node instead, which starts a new child run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.db import retrying
+from cyclone.engine.advance import RunRef, consume_signal, lock_run
+from cyclone.engine.graphs import graph_by_hash
+from cyclone.errors import CycloneError, StepNotFound
+from cyclone.sql import QUERIES
+from cyclone.states import NodeKind
+
+Conn = psycopg.Connection[Any]
+# As for submit: far beyond any real run, far inside what a PostgreSQL interval holds.
+MAX_DEADLINE_SECONDS = 100 * 365 * 86400
+
+
+class RetryRefused(CycloneError):
+    """The step cannot be retried as things stand; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    """What a retry changed: the run, its deadline, and the steps that came back."""
+
+    run_id: str
+    workflow: str
+    deadline_at: datetime | None
+    step_ids: tuple[int, ...]
+
+
+def retry_dead_step(
+    conn: Conn, step_id: int, *, deadline: float | None = None, now: datetime | None = None
+) -> Retried:
+    """Retry dead step `step_id`: its run runs again (see the module docstring).
+
+    `deadline` (seconds, > 0) gives the run a new deadline from now; a run failed by its
+    deadline needs one.
+    """
+    if isinstance(step_id, bool) or not isinstance(step_id, int) or not 0 < step_id < 2**63:
+        raise StepNotFound(f"no step {step_id!r}")
+    if deadline is not None and not 0 < deadline <= MAX_DEADLINE_SECONDS:
+        raise ValueError(f"deadline: expected seconds > 0, got {deadline!r}")
+
+    def tx() -> Retried:
+        with conn.transaction():
+            owner = conn.execute(QUERIES["dlq_step_owner"], {"step_id": step_id}).fetchone()
+            if owner is None:
+                raise StepNotFound(f"no step {step_id}")
+            lock_run(conn, owner["run_id"])
+            row = conn.execute(
+                QUERIES["dlq_retry_check"], {"step_id": step_id, "now": now}
+            ).fetchone()
+            _check(row, deadline)
+            return _redrive(conn, row, deadline, now)
+
+    return retrying(tx)
+
+
+def _check(row: dict[str, Any], deadline: float | None) -> None:
+    step, run = row["step_id"], row["run_id"]
+    if row["step_state"] != "dead":
+        raise RetryRefused(f"step {step} is {row['step_state']}, not dead: nothing to retry")
+    if row["run_state"] != "failed":
+        raise RetryRefused(f"step {step}: its run {run} is {row['run_state']}, not failed")
+    if row["parent_run_id"] is not None:
+        if row["parent_state"] not in ("running", "paused"):
+            raise RetryRefused(
+                f"step {step} belongs to child run {run}, whose parent run "
+                f"{row['parent_run_id']} is {row['parent_state']}: retry the parent's dead "
+                "step instead (its child node starts a new child run)"
+            )
+        if deadline is not None:
+            raise RetryRefused(f"run {run} is a child run: it has no deadline of its own")
+    if deadline is None and (row["past_deadline"] or row["deadline_killed"]):
+        raise RetryRefused(
+            f"run {run} was failed by its deadline: retrying needs a new one "
+            f"(cyclone dlq retry {step} --deadline 30m)"
+        )
+
+
+def _redrive(
+    conn: Conn, row: dict[str, Any], deadline: float | None, now: datetime | None
+) -> Retried:
+    run = conn.execute(
+        QUERIES["dlq_run_redrive"], {"run_id": row["run_id"], "deadline": deadline, "now": now}
+    ).fetchone()
+    ref = RunRef(str(run["id"]), run["workflow"], run["graph_hash"])
+    graph = graph_by_hash(conn, ref.graph_hash)
+    specs = list(graph.nodes.values())
+    dues = [s.duration if s.kind == NodeKind.SLEEP else s.max_wait for s in specs]
+    steps = conn.execute(
+        QUERIES["dlq_steps_redrive"],
+        {"run_id": ref.id, "nodes": [s.name for s in specs], "dues": dues, "now": now},
+    ).fetchall()
+    # A wait that waits again takes a signal kept for it, as a newly reached wait does.
+    for step in steps:
+        if step["kind"] == NodeKind.WAIT and step["signal"] is not None:
+            consume_signal(conn, ref, graph, step["id"], step["signal"], now)
+    return Retried(
+        run_id=ref.id,
+        workflow=ref.workflow,
+        deadline_at=run["deadline_at"],
+        step_ids=tuple(sorted(s["id"] for s in steps)),
+    )
+
+
+__all__ = ["Retried", "RetryRefused", "retry_dead_step"]
