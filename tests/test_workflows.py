@@ -361,3 +361,22 @@ def test_retention_deletes_old_finished_runs_only(env: TestEnv):
     with pytest.raises(cyclone.RunNotFound):
         env.client.get_run(old)
     assert env.client.get_run(live).state == RunState.RUNNING
+
+
+def test_release_gives_a_step_back_without_spending_an_attempt(env: TestEnv):
+    wf = cyclone.Workflow("wf-release")
+
+    @wf.task(max_attempts=1)
+    def once(ctx):
+        return ctx.attempt
+
+    run_id = env.client.submit(wf, {})
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    assert engine.release_step(env.conn, lease.step_id, lease.token, now=env.now()) is True
+    assert engine.release_step(env.conn, lease.step_id, lease.token, now=env.now()) is False
+    step = env.client.steps(run_id)[0]
+    assert (step.state, step.attempt) == (StepState.AVAILABLE, 0)
+    assert engine.revoked_lease_states(env.conn, {lease.step_id: lease.token}) == {
+        lease.step_id: ("available", None)
+    }
+    assert env.run_until_complete(run_id).output == {"once": 1}

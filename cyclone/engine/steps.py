@@ -345,6 +345,24 @@ def submit_runs(
     return [str(r["id"]) for r in rows]
 
 
+def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None = None) -> bool:
+    """Give a leased step back, attempt not spent (its worker was stopped by a shutdown)."""
+    row = conn.execute(QUERIES["step_release"], {"step_id": step_id, "token": token, "now": now})
+    return row.fetchone() is not None
+
+
+def revoked_lease_states(
+    conn: Conn, held: Mapping[int, str]
+) -> dict[int, tuple[str | None, str | None]]:
+    """Like revoked_leases, with each step's state too: (state, error_kind); state None if gone."""
+    if not held:
+        return {}
+    rows = conn.execute(
+        QUERIES["step_revoked"], {"step_ids": list(held), "tokens": list(held.values())}
+    ).fetchall()
+    return {r["step_id"]: (r["state"], r["error_kind"]) for r in rows}
+
+
 def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]:
     """Of the (step id -> token) leases held, those no longer valid, with the step's error kind."""
     if not held:
@@ -367,6 +385,8 @@ __all__ = [
     "heartbeat",
     "lease_step",
     "make_steps",
+    "release_step",
+    "revoked_lease_states",
     "revoked_leases",
     "start_child",
     "submit_runs",

@@ -220,6 +220,26 @@ SELECT h.step_id, s.error_kind, s.state
   LEFT JOIN cyclone_steps s ON s.id = h.step_id
  WHERE s.id IS NULL OR s.state <> 'running' OR s.lease_token IS DISTINCT FROM h.token;
 
+-- name: step_release
+-- Give a step back without spending an attempt: its worker was stopped by a shutdown, not by
+-- anything the step did. Fenced like every write of a lease holder.
+WITH run AS (
+    SELECT id FROM cyclone_runs WHERE id = (SELECT run_id FROM cyclone_steps
+                                             WHERE id = %(step_id)s)
+       FOR NO KEY UPDATE
+)
+UPDATE cyclone_steps s
+   SET state = 'available', attempt = greatest(s.attempt - 1, 0),
+       available_at = coalesce(%(now)s::timestamptz, now()), lease_token = NULL,
+       lease_expires_at = NULL, gated_at = coalesce(%(now)s::timestamptz, now())
+  FROM run
+ WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
+   AND s.run_id = run.id
+RETURNING s.id;
+
+-- name: revoked_listen
+LISTEN cyclone_revoked;
+
 -- name: step_get
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
        s.created_at, s.started_at, s.completed_at, s.item_index
