@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cyclone import engine, runner
@@ -50,7 +51,7 @@ class TestEnv:
         base = dsn or server_dsn()
         self.schema = f"cyclone_test_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(f'CREATE SCHEMA "{self.schema}"')  # a generated identifier
+            admin.execute(sql.SQL(QUERIES["schema_create"]).format(sql.Identifier(self.schema)))
         self._base = base
         self.dsn = make_conninfo(base, options=f"-c search_path={self.schema}")
         self.conn = connect(self.dsn)
@@ -76,7 +77,7 @@ class TestEnv:
         self.client.close()
         self.conn.close()
         with psycopg.connect(self._base, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            admin.execute(sql.SQL(QUERIES["schema_drop"]).format(sql.Identifier(self.schema)))
 
     def __enter__(self) -> TestEnv:
         return self

@@ -17,3 +17,10 @@ SELECT version FROM cyclone_migrations ORDER BY version;
 
 -- name: migration_record
 INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_create
+-- The test harness's private schema; {} is filled with a quoted identifier.
+CREATE SCHEMA {};
+
+-- name: schema_drop
+DROP SCHEMA IF EXISTS {} CASCADE;
