@@ -19,7 +19,7 @@ SELECT version FROM cyclone_migrations ORDER BY version;
 INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: schema_create
--- The test harness's private schema; {} is filled with a quoted identifier.
+-- The test harness's private schema, named by a quoted identifier.
 CREATE SCHEMA {};
 
 -- name: schema_drop
