@@ -7,6 +7,7 @@ nothing, and the function returns False: the late result is discarded.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -168,6 +169,29 @@ def complete_step(
     return retrying(tx)
 
 
+_NEXT_JSON: dict[tuple[str, str], str] = {}
+
+
+def _next_nodes_json(graph: Graph, node: str) -> str:
+    """The steps to make after `node`, as one JSON parameter (cheaper to send than six arrays)."""
+    cached = _NEXT_JSON.get((graph.hash, node))
+    if cached is not None:
+        return cached
+    rows = node_rows([graph.nodes[d] for d in graph.downstream[node]])
+    keys = {
+        "nodes": "node",
+        "kinds": "kind",
+        "max_attempts": "max_attempts",
+        "timeouts": "timeout",
+        "signals": "signal",
+        "dues": "due",
+    }
+    count = len(rows["nodes"])
+    text = json.dumps([{keys[k]: rows[k][i] for k in keys} for i in range(count)])
+    _NEXT_JSON[(graph.hash, node)] = text
+    return text
+
+
 def _fast_completion(graph: Graph, lease: Lease) -> tuple[str, dict[str, Any]] | None:
     """The one-statement completion that fits this step, if one does.
 
@@ -182,7 +206,7 @@ def _fast_completion(graph: Graph, lease: Lease) -> tuple[str, dict[str, Any]] |
     if down:
         specs = [graph.nodes[d] for d in down]
         if all(s.after == (lease.node,) and s.kind != NodeKind.WAIT for s in specs):
-            return "step_complete_chain", node_rows(specs)
+            return "step_complete_chain", {"next": _next_nodes_json(graph, lease.node)}
         return None
     if graph.sinks == (lease.node,) and lease.parent_run_id is None:
         return "step_complete_last", {}

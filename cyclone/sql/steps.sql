@@ -107,9 +107,8 @@ WITH run AS (
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now())
       FROM done,
-           unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
-                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
-           AS n (node, kind, max_attempts, timeout, signal, due)
+           jsonb_to_recordset(%(next)s::jsonb)
+           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
     ON CONFLICT DO NOTHING
 )
 SELECT count(*) AS completed FROM done;
