@@ -1,0 +1,297 @@
+"""What every command shares: the database session, exit codes, argument types and output.
+
+Data goes to stdout (a rich table, or JSON with `--json`); messages go to stderr as plain
+lines. rich draws no ANSI codes when stdout is not a terminal and honours NO_COLOR and
+TERM=dumb. Every message that could show a DSN goes through `redact`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import uuid
+from argparse import ArgumentTypeError
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import UTC, datetime, timedelta
+from enum import Enum
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from cyclone.client import Client
+from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
+from cyclone.db import connect, resolve_dsn
+
+# Exit statuses (SPEC section 8).
+OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
+CONNECT_TIMEOUT = 5
+# Every statement the CLI runs is bounded; status uses a shorter bound (it refreshes).
+STATEMENT_TIMEOUT_MS = 10_000
+MAX_LIMIT = 10_000
+_UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}", re.I | re.A)
+_STEP_ID = re.compile(r"[0-9]{1,19}", re.ASCII)
+
+
+class CliError(Exception):
+    """A failure with its exit status and a one-line message for stderr."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def message(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# --- the database session -------------------------------------------------------------------
+
+
+class SessionClient(Client):
+    """A Client on the one connection the command opened, so a dead database fails fast."""
+
+    def __init__(self, conn: psycopg.Connection[Any], dsn: str) -> None:
+        super().__init__(dsn)
+        self._session = conn
+
+    @contextmanager
+    def connection(self, conn: Any = None) -> Iterator[Any]:
+        yield self._session
+
+
+class Session:
+    """The command's database: the DSN resolved once, one connection opened on first use."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        config: str | None,
+        statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    ) -> None:
+        self._dsn_arg = dsn
+        self._config = config
+        self.statement_timeout_ms = statement_timeout_ms
+        self._dsn: str | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def dsn_known(self) -> bool:
+        return self._dsn is not None
+
+    @property
+    def dsn(self) -> str:
+        if self._dsn is None:
+            self._dsn = self._resolve()
+        return self._dsn
+
+    def _resolve(self) -> str:
+        # --dsn, else the config's database.url (which CYCLONE_DATABASE_URL overrides, as it
+        # does for the supervisor reading the same file), else CYCLONE_DATABASE_URL, else the
+        # embedded server.
+        if self._dsn_arg is not None:
+            dsn, origin = self._dsn_arg, "--dsn"
+        elif self._config is not None:
+            dsn, origin = load_config(self._config).database.url, self._config
+        else:
+            dsn, origin = os.environ.get(ENV_DATABASE_URL) or None, ENV_DATABASE_URL
+        if dsn is None:
+            return resolve_dsn(None)
+        try:
+            conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as exc:
+            raise CliError(
+                USAGE, f"{origin}: not a usable database URL: {redact(dsn, str(exc))}"
+            ) from None
+        return dsn
+
+    def connect(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed:
+            self._conn = None
+            dsn = self.dsn
+            options = "-c application_name=cyclone-cli"
+            if self.statement_timeout_ms:
+                options += f" -c statement_timeout={self.statement_timeout_ms}"
+            try:
+                self._conn = connect(with_options(dsn, options), connect_timeout=CONNECT_TIMEOUT)
+            except psycopg.OperationalError as exc:
+                raise CliError(
+                    UNREACHABLE,
+                    f"cannot reach the database at {redact_dsn(dsn)}: {redact(dsn, str(exc))}",
+                ) from None
+        return self._conn
+
+    def client(self) -> Client:
+        return SessionClient(self.connect(), self.dsn)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def with_options(dsn: str, options: str) -> str:
+    """The DSN with server `options` added to any it has (a search_path, say)."""
+    params = conninfo_to_dict(dsn)
+    params["options"] = f"{params.get('options') or ''} {options}".strip()
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def redact(dsn: str, text: str) -> str:
+    """`text` with the DSN's password removed, however the server or libpq quoted it."""
+    text = " ".join(redact_dsn(text).split())
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except psycopg.ProgrammingError:
+        password = None
+    if password:
+        text = text.replace(str(password), "***")
+    return text
+
+
+# --- argument types -------------------------------------------------------------------------
+
+
+def run_id_arg(value: str) -> str:
+    if not _UUID.fullmatch(value):
+        raise ArgumentTypeError(f"not a run id (a UUID): {_show(value)}")
+    return str(uuid.UUID(value))
+
+
+def step_id_arg(value: str) -> int:
+    if not _STEP_ID.fullmatch(value) or not 0 < int(value) < 2**63:
+        raise ArgumentTypeError(f"not a step id (a positive whole number): {_show(value)}")
+    return int(value)
+
+
+def text_arg(value: str) -> str:
+    """A name or filter value: any text PostgreSQL can store (it is always a parameter)."""
+    if "\x00" in value:
+        raise ArgumentTypeError(f"contains a NUL character: {_show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ArgumentTypeError(f"not valid text: {_show(value)}") from None
+    return value
+
+
+def duration_arg(value: str) -> float:
+    try:
+        return parse_duration(value)
+    except (ValueError, ArithmeticError) as exc:
+        raise ArgumentTypeError(str(exc)) from None
+
+
+def positive_duration_arg(value: str) -> float:
+    seconds = duration_arg(value)
+    if seconds <= 0:
+        raise ArgumentTypeError(f"must be longer than zero: {_show(value)}")
+    return seconds
+
+
+def limit_arg(value: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,6}", value, re.ASCII) or not 1 <= int(value) <= MAX_LIMIT:
+        raise ArgumentTypeError(f"expected a whole number from 1 to {MAX_LIMIT}: {_show(value)}")
+    return int(value)
+
+
+def json_arg(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        raise ArgumentTypeError(f"not JSON: {exc}") from None
+
+
+def _show(value: str) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def console() -> Any:
+    """A rich console on the current stdout (tests swap it): colour only on a terminal."""
+    from rich.console import Console
+
+    width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
+    return Console(file=sys.stdout, highlight=False, width=width)
+
+
+def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    t = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
+    for name in columns:
+        wide = name in ("error", "step", "run")
+        t.add_column(name, overflow="fold", no_wrap=not wide)
+    for row in rows:
+        t.add_row(*(cell(v) for v in row))
+    return t
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return when(value)
+    if isinstance(value, Enum):
+        return str(value.value)
+    return str(value)
+
+
+def when(value: datetime | None) -> str:
+    if value is None:
+        return "-"
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def seconds(value: float | None) -> str:
+    """A span as an operator reads it: 45s, 4m05s, 2h03m, 3d04h; negative means overdue."""
+    if value is None:
+        return "-"
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    whole = int(value)
+    if value < 10:
+        text = f"{value:.1f}s"
+    elif whole < 60:
+        text = f"{whole}s"
+    elif whole < 3600:
+        text = f"{whole // 60}m{whole % 60:02d}s"
+    elif whole < 86400:
+        text = f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+    else:
+        text = f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
+    return sign + text
+
+
+def to_jsonable(value: Any) -> Any:
+    """Rows, dataclasses and enums as plain JSON: timestamps in ISO-8601 UTC, ids as strings."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
+
+
+def emit_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,101 @@
+"""The dead-letter queue: `dlq list` and `dlq retry`."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+from cyclone.cli.common import (
+    MAX_LIMIT,
+    OK,
+    Session,
+    console,
+    duration_arg,
+    emit_json,
+    limit_arg,
+    message,
+    positive_duration_arg,
+    step_id_arg,
+    table,
+    text_arg,
+    when,
+)
+from cyclone.engine.dlq import retry_dead_step
+from cyclone.models import ExhaustedQuery
+from cyclone.states import ErrorKind
+
+
+def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    dlq = sub.add_parser("dlq", help="dead-lettered steps: list them, retry them")
+    dsub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
+
+    p = dsub.add_parser("list", parents=common, help="dead steps, newest first")
+    p.add_argument("--reason", choices=[k.value for k in ErrorKind], help="error kind")
+    p.add_argument("--workflow", type=text_arg)
+    p.add_argument("--since", type=duration_arg, help="dead within this long, e.g. 1h")
+    p.add_argument(
+        "--limit", type=limit_arg, default=1000, help=f"at most this many (max {MAX_LIMIT})"
+    )
+    p.set_defaults(run=list_dead)
+
+    p = dsub.add_parser(
+        "retry",
+        parents=common,
+        help="re-drive a dead step: its run runs again",
+        description=(
+            "Re-drive a dead step: its failed run goes back to running, its dead and "
+            "discarded steps come back with their attempts reset, and the nodes after them "
+            "get steps as their dependencies complete. A run failed by its deadline needs "
+            "--deadline, its new deadline from now."
+        ),
+    )
+    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID")
+    p.add_argument("--deadline", type=positive_duration_arg, help="new run deadline, e.g. 30m")
+    p.set_defaults(run=retry)
+
+
+def list_dead(session: Session, args: argparse.Namespace) -> int:
+    since = None if args.since is None else timedelta(seconds=args.since)
+    query = ExhaustedQuery(
+        reason=args.reason, workflow=args.workflow, since=since, limit=args.limit
+    )
+    steps = session.client().exhausted(query)
+    if args.json:
+        emit_json(steps)
+        return OK
+    console().print(
+        table(
+            None,
+            ["step", "run", "workflow", "node", "reason", "attempt", "error", "dead since"],
+            (
+                (
+                    s.id,
+                    s.run_id,
+                    s.workflow,
+                    s.node if s.item_index is None else f"{s.node}[{s.item_index}]",
+                    s.error_kind,
+                    s.attempt,
+                    (s.error or "").strip().splitlines()[0] if s.error else None,
+                    s.completed_at,
+                )
+                for s in steps
+            ),
+        )
+    )
+    if not steps:
+        message("the DLQ has no steps that match")
+    return OK
+
+
+def retry(session: Session, args: argparse.Namespace) -> int:
+    conn = session.connect()
+    done = retry_dead_step(conn, args.step_id, deadline=args.deadline)
+    if args.json:
+        emit_json(done)
+        return OK
+    print(done.run_id, flush=True)
+    steps = ", ".join(str(s) for s in done.step_ids)
+    deadline = f"; deadline {when(done.deadline_at)}" if done.deadline_at else ""
+    message(f"run {done.run_id} ({done.workflow}) is running again: steps {steps}{deadline}")
+    return OK

@@ -1,0 +1,113 @@
+"""`status` (the live screen, or one snapshot) and `workers` (who holds what, right now)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import psycopg
+
+from cyclone.cli.common import (
+    OK,
+    CliError,
+    Session,
+    console,
+    emit_json,
+    positive_duration_arg,
+    redact,
+)
+from cyclone.status import Snapshot, take_snapshot
+
+# Status refreshes: one slow query must not freeze the screen for long.
+STATUS_STATEMENT_TIMEOUT_MS = 2000
+# Polling PostgreSQL faster than once a second shows nothing new and costs every host.
+MIN_INTERVAL = 0.5
+
+
+def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "status",
+        parents=common,
+        help="live view: supervisors, workers, runs, DLQ, deadlines",
+        description=(
+            "A live screen refreshed about once a second; Ctrl-C leaves. With --once, "
+            "--json, or when stdout is not a terminal, prints one snapshot and exits."
+        ),
+    )
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=positive_duration_arg, default=1.0, help="refresh, e.g. 2s")
+    p.set_defaults(run=status, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+
+    p = sub.add_parser("workers", parents=common, help="supervisors and what their workers hold")
+    p.set_defaults(run=workers, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "version": snap.version,
+        "taken_at": snap.taken_at,
+        "supervisors": snap.supervisors,
+        "workers": snap.workers,
+        "runs": {"live": snap.runs_live, "finished_recently": snap.runs_finished},
+        "finished_window_seconds": snap.finished_window_seconds,
+        "queue": snap.queue,
+        "dlq": {"total": snap.dlq_total, "by_reason": snap.dlq},
+        "deadline_failures": snap.deadline_failures,
+        "paused": {"total": snap.paused_total, "runs": snap.paused},
+    }
+
+
+def status(session: Session, args: argparse.Namespace) -> int:
+    from cyclone.status.render import render
+
+    try:
+        snap = take_snapshot(session.connect())
+    except KeyboardInterrupt:  # Ctrl-C leaves the status view cleanly, whenever it comes
+        return OK
+    if args.json:
+        emit_json(snapshot_json(snap))
+        return OK
+    out = console()
+    if args.once or not sys.stdout.isatty():
+        out.print(render(snap))
+        return OK
+    return _live(session, out, snap, max(args.interval, MIN_INTERVAL))
+
+
+def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
+    from rich.live import Live
+
+    from cyclone.status.render import render
+
+    try:
+        with Live(render(snap), console=out, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                problem = None
+                try:
+                    snap = take_snapshot(session.connect())
+                except CliError as exc:  # unreachable: keep the last picture, say so, retry
+                    problem = exc.message
+                except psycopg.OperationalError as exc:
+                    session.close()
+                    problem = f"database error, retrying: {redact(session.dsn, str(exc))}"
+                live.update(render(snap, problem=problem), refresh=True)
+    except KeyboardInterrupt:
+        return OK
+
+
+def workers(session: Session, args: argparse.Namespace) -> int:
+    from rich.console import Group
+
+    from cyclone.status.render import supervisors_table, workers_table
+
+    snap = take_snapshot(session.connect())
+    if args.json:
+        emit_json(
+            {"taken_at": snap.taken_at, "supervisors": snap.supervisors, "workers": snap.workers}
+        )
+        return OK
+    console().print(Group(supervisors_table(snap), workers_table(snap)))
+    return OK

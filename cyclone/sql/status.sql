@@ -1,0 +1,109 @@
+-- Operator reads: `cyclone runs`, `cyclone workers` and `cyclone status`. Read-only, on the
+-- database clock, each bounded by a LIMIT and backed by an index, so their cost follows what
+-- is live or recent, not the history the tables hold. The CLI runs them under a
+-- statement_timeout.
+
+-- name: run_list
+-- Newest runs first; a failed run shows the error kind of its dead step (cyclone_v_runs has
+-- none, as the seed page says).
+SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r.deadline_at,
+       r.paused_at, r.finished_at,
+       CASE r.state
+            WHEN 'running' THEN extract(epoch FROM r.deadline_at - now())
+            WHEN 'paused' THEN extract(epoch FROM r.deadline_at - r.paused_at)
+       END::float8 AS deadline_left
+  FROM cyclone_runs r
+  LEFT JOIN LATERAL (SELECT s.error_kind FROM cyclone_steps s
+                      WHERE s.run_id = r.id AND s.state = 'dead'
+                      ORDER BY s.completed_at, s.id LIMIT 1) AS f ON r.state = 'failed'
+ WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
+   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
+ ORDER BY r.created_at DESC, r.id DESC
+ LIMIT %(limit)s;
+
+-- name: status_supervisors
+-- Every supervisor that published itself; `seen_ago` tells live ones from lost ones.
+SELECT id, host, pid, state, workers_target, started_at, seen_at,
+       extract(epoch FROM now() - started_at)::float8 AS up_for,
+       extract(epoch FROM now() - seen_at)::float8 AS seen_ago
+  FROM cyclone_supervisors
+ ORDER BY host, pid, id
+ LIMIT %(limit)s;
+
+-- name: status_workers
+-- What each worker holds, joined by primary key to its step and run: the lease and the
+-- deadline are read live, not from what the supervisor last published. A paused run's
+-- deadline is frozen at what it had left when paused.
+SELECT w.supervisor_id, w.slot, w.pid, w.state, w.step_id, w.run_id, w.workflow, w.node,
+       w.attempt, s.item_index, s.state AS step_state, r.state AS run_state, w.busy_since,
+       extract(epoch FROM now() - w.busy_since)::float8 AS elapsed,
+       CASE WHEN s.state = 'running'
+            THEN extract(epoch FROM s.lease_expires_at - now()) END::float8 AS lease_left,
+       CASE r.state
+            WHEN 'running' THEN extract(epoch FROM r.deadline_at - now())
+            WHEN 'paused' THEN extract(epoch FROM r.deadline_at - r.paused_at)
+       END::float8 AS deadline_left,
+       extract(epoch FROM now() - w.seen_at)::float8 AS seen_ago
+  FROM cyclone_workers w
+  LEFT JOIN cyclone_steps s ON s.id = w.step_id
+  LEFT JOIN cyclone_runs r ON r.id = s.run_id
+ ORDER BY w.supervisor_id, w.slot
+ LIMIT %(limit)s;
+
+-- name: status_runs_by_state
+-- Live runs through the partial index on live states; finished runs of the last %(window)s
+-- seconds through the finished_at index.
+SELECT state, count(*) AS runs, false AS recent
+  FROM cyclone_runs WHERE state IN ('running', 'paused')
+ GROUP BY state
+UNION ALL
+SELECT state, count(*), true
+  FROM cyclone_runs WHERE finished_at >= now() - make_interval(secs => %(window)s)
+ GROUP BY state;
+
+-- name: status_queue
+-- Steps due to be leased now, counted up to %(cap)s (a backlog bigger than that is reported
+-- as "more than", so a large backlog costs no more than a small one), the oldest one's age (how
+-- far behind the workers are), and the steps leased right now. All through partial indexes.
+SELECT (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps
+                               WHERE state = 'available' AND available_at <= now()
+                               ORDER BY available_at, id
+                               LIMIT %(cap)s) AS due) AS due,
+       (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM cyclone_steps
+         WHERE state = 'available' AND available_at <= now()) AS oldest_due_age,
+       (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS running;
+
+-- name: status_dlq_depth
+-- The DLQ by reason, through the partial index on dead steps.
+SELECT error_kind AS reason, count(*) AS steps, max(completed_at) AS newest
+  FROM cyclone_steps WHERE state = 'dead'
+ GROUP BY error_kind
+ ORDER BY steps DESC, reason;
+
+-- name: status_deadline_failures
+-- Runs most recently failed by their deadline, from the newest deadline-killed steps.
+SELECT run_id, workflow, count(*) AS steps, max(completed_at) AS failed_at,
+       extract(epoch FROM now() - max(completed_at))::float8 AS ago
+  FROM (SELECT run_id, workflow, completed_at FROM cyclone_steps
+         WHERE state = 'dead' AND error_kind = 'deadline'
+         ORDER BY completed_at DESC LIMIT 500) AS recent
+ GROUP BY run_id, workflow
+ ORDER BY failed_at DESC
+ LIMIT %(limit)s;
+
+-- name: status_paused_runs
+-- Paused runs, longest paused first, with the deadline time frozen at the pause.
+SELECT id, workflow, paused_at, deadline_at,
+       extract(epoch FROM now() - paused_at)::float8 AS paused_for,
+       extract(epoch FROM deadline_at - paused_at)::float8 AS frozen_left,
+       count(*) OVER () AS total
+  FROM cyclone_runs WHERE state = 'paused'
+ ORDER BY paused_at
+ LIMIT %(limit)s;
+
+-- name: status_begin
+-- The first statement of a snapshot's transaction: every section sees the same moment.
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY;
+
+-- name: status_now
+SELECT now() AS now;

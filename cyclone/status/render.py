@@ -1,0 +1,154 @@
+"""A Snapshot drawn with rich: the same renderable for the live screen and the one-shot print."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from cyclone.cli.common import seconds, when
+from cyclone.status.snapshot import Snapshot
+
+
+def render(snap: Snapshot, *, problem: str | None = None) -> Group:
+    """Everything on one screen, most urgent first: who works, then what waits or died."""
+    parts: list[Any] = [_header(snap)]
+    if problem:
+        parts.append(Text(problem, style="bold red"))
+    parts += [supervisors_table(snap), workers_table(snap)]
+    parts += [_runs_table(snap), _dlq_table(snap)]
+    parts += [_deadline_table(snap), _paused_table(snap)]
+    return Group(*parts)
+
+
+def _header(snap: Snapshot) -> Text:
+    busy = sum(1 for w in snap.workers if w["state"] == "busy")
+    live = sum(1 for s in snap.supervisors if not s["lost"])
+    q = snap.queue
+    text = Text("cyclone status", style="bold cyan")
+    text.append(f"  {when(snap.taken_at)} (database clock)\n")
+    text.append(
+        f"{live} supervisor(s), {busy}/{len(snap.workers)} workers busy; "
+        f"{'more than ' if q['due_capped'] else ''}{q['due']} step(s) due, "
+        f"oldest waiting {seconds(q['oldest_due_age'])}; "
+        f"{q['running']} running; DLQ {snap.dlq_total}"
+    )
+    return text
+
+
+def _table(title: str, *columns: str) -> Table:
+    t = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
+    )
+    for name in columns:
+        # Only the long cells wrap: measuring wrappable cells is most of rich's rendering time.
+        t.add_column(name, overflow="fold", no_wrap=name not in ("step", "run", "host"))
+    return t
+
+
+def supervisors_table(snap: Snapshot) -> Table:
+    t = _table("Supervisors", "host", "pid", "state", "workers", "up", "last seen")
+    for s in snap.supervisors:
+        state = "lost" if s["lost"] else s["state"]
+        mine = [w for w in snap.workers if w["supervisor_id"] == s["id"]]
+        busy = sum(1 for w in mine if w["state"] == "busy")
+        t.add_row(
+            s["host"],
+            str(s["pid"]),
+            Text(state, style="red" if s["lost"] else ""),
+            f"{busy} busy / {len(mine)} (target {s['workers_target']})",
+            seconds(s["up_for"]),
+            f"{seconds(s['seen_ago'])} ago",
+        )
+    if not snap.supervisors:
+        t.add_row("none has published itself", "-", "-", "-", "-", "-")
+    return t
+
+
+def workers_table(snap: Snapshot) -> Table:
+    hosts = {s["id"]: f"{s['host']}:{s['pid']}" for s in snap.supervisors}
+    t = _table(
+        "Workers",
+        "supervisor",
+        "slot",
+        "pid",
+        "state",
+        "step",
+        "elapsed",
+        "lease left",
+        "deadline left",
+    )
+    for w in snap.workers:
+        t.add_row(
+            hosts.get(w["supervisor_id"], w["supervisor_id"]),
+            str(w["slot"]),
+            str(w["pid"]),
+            Text(w["state"], style="green" if w["state"] == "busy" else "dim"),
+            step_label(w),
+            seconds(w["elapsed"]) if w["state"] == "busy" else "-",
+            _left(w["lease_left"]),
+            _left(w["deadline_left"]) if w["state"] == "busy" else "-",
+        )
+    return t
+
+
+def step_label(w: dict[str, Any]) -> str:
+    if w["state"] != "busy":
+        return "idle"
+    node = w["node"] if w["item_index"] is None else f"{w['node']}[{w['item_index']}]"
+    label = f"{w['workflow']}/{node} #{w['step_id']} attempt {w['attempt']} run={w['run_id']}"
+    if w["step_state"] not in (None, "running"):
+        label += f" (step now {w['step_state']})"
+    return label
+
+
+def _left(value: float | None) -> Text:
+    if value is None:
+        return Text("-")
+    return Text(seconds(value), style="red" if value < 0 else ("yellow" if value < 60 else ""))
+
+
+def _runs_table(snap: Snapshot) -> Table:
+    window = seconds(snap.finished_window_seconds)
+    t = _table("Runs", "state", "runs")
+    for state, n in snap.runs_live.items():
+        t.add_row(state, str(n))
+    for state, n in snap.runs_finished.items():
+        t.add_row(f"{state} (last {window})", str(n))
+    return t
+
+
+def _dlq_table(snap: Snapshot) -> Table:
+    t = _table("DLQ by reason", "reason", "steps", "newest")
+    for r in snap.dlq:
+        t.add_row(r["reason"], str(r["steps"]), when(r["newest"]))
+    if not snap.dlq:
+        t.add_row("-", "0", "-")
+    return t
+
+
+def _deadline_table(snap: Snapshot) -> Table:
+    t = _table("Recent deadline failures", "run", "workflow", "steps killed", "failed")
+    for r in snap.deadline_failures:
+        t.add_row(str(r["run_id"]), r["workflow"], str(r["steps"]), f"{seconds(r['ago'])} ago")
+    if not snap.deadline_failures:
+        t.add_row("-", "none", "-", "-")
+    return t
+
+
+def _paused_table(snap: Snapshot) -> Table:
+    shown = (
+        f" ({len(snap.paused)} of {snap.paused_total})"
+        if snap.paused_total > len(snap.paused)
+        else ""
+    )
+    t = _table(f"Paused runs{shown}", "run", "workflow", "paused for", "deadline left (frozen)")
+    for r in snap.paused:
+        frozen = "no deadline" if r["frozen_left"] is None else seconds(r["frozen_left"])
+        t.add_row(str(r["id"]), r["workflow"], seconds(r["paused_for"]), frozen)
+    if not snap.paused:
+        t.add_row("-", "none", "-", "-")
+    return t

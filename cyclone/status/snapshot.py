@@ -1,0 +1,86 @@
+"""One read of everything `cyclone status` shows, taken from the database on its clock.
+
+The same `Snapshot` feeds the live screen, the one-shot print and `--json`, so the three never
+disagree. Every query is bounded (LIMIT) and index-backed (see sql/status.sql).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.sql import QUERIES
+
+# JSON consumers check this before reading; bump it when a key changes meaning or goes away.
+SCHEMA_VERSION = 1
+# A supervisor refreshes its row every 2 s; one not seen for this long is lost (its
+# host died, or it was killed without cleaning up).
+LOST_AFTER = 10.0
+# Finished runs are counted over this window, so the cost follows recent work, not history.
+FINISHED_WINDOW = 3600.0
+MAX_SUPERVISORS = 200
+MAX_WORKERS = 2000
+MAX_ROWS = 10
+# Due steps are counted up to this many; `queue["due_capped"]` says the backlog is bigger.
+MAX_DUE_COUNT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    taken_at: datetime
+    supervisors: list[dict[str, Any]]
+    workers: list[dict[str, Any]]
+    runs_live: dict[str, int]
+    runs_finished: dict[str, int]
+    finished_window_seconds: float
+    queue: dict[str, Any]
+    dlq: list[dict[str, Any]]
+    deadline_failures: list[dict[str, Any]]
+    paused: list[dict[str, Any]]
+    paused_total: int
+    version: int = SCHEMA_VERSION
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dlq_total(self) -> int:
+        return sum(r["steps"] for r in self.dlq)
+
+
+def take_snapshot(conn: psycopg.Connection[Any], *, rows: int = MAX_ROWS) -> Snapshot:
+    """Read the status in one repeatable-read transaction, so the sections agree."""
+    with conn.transaction():
+        conn.execute(QUERIES["status_begin"])
+        now = conn.execute(QUERIES["status_now"]).fetchone()["now"]
+        supervisors = _all(conn, "status_supervisors", limit=MAX_SUPERVISORS)
+        for sup in supervisors:
+            sup["lost"] = sup["seen_ago"] > LOST_AFTER
+        workers = _all(conn, "status_workers", limit=MAX_WORKERS)
+        live: dict[str, int] = {"running": 0, "paused": 0}
+        finished: dict[str, int] = {"completed": 0, "failed": 0, "cancelled": 0}
+        for r in _all(conn, "status_runs_by_state", window=FINISHED_WINDOW):
+            (finished if r["recent"] else live)[r["state"]] = r["runs"]
+        queue = _all(conn, "status_queue", cap=MAX_DUE_COUNT)[0]
+        queue["due_capped"] = queue["due"] >= MAX_DUE_COUNT
+        dlq = _all(conn, "status_dlq_depth")
+        deadlines = _all(conn, "status_deadline_failures", limit=rows)
+        paused = _all(conn, "status_paused_runs", limit=rows)
+    return Snapshot(
+        taken_at=now,
+        supervisors=supervisors,
+        workers=workers,
+        runs_live=live,
+        runs_finished=finished,
+        finished_window_seconds=FINISHED_WINDOW,
+        queue=queue,
+        dlq=dlq,
+        deadline_failures=deadlines,
+        paused=[{k: v for k, v in p.items() if k != "total"} for p in paused],
+        paused_total=paused[0]["total"] if paused else 0,
+    )
+
+
+def _all(conn: psycopg.Connection[Any], name: str, **params: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(QUERIES[name], params).fetchall()]

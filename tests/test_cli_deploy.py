@@ -1,0 +1,180 @@
+"""The deployment files in config/: alert rules (promtool), dashboard, systemd unit.
+
+The metric names they use are checked against SPEC section 9 always; promtool and
+systemd-analyze run too when they are installed (they are in CI and on this project's dev
+image), so the files are never only eyeballed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from cyclone.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+PROM = ROOT / "config" / "prometheus"
+UNIT = ROOT / "config" / "systemd" / "cyclone.service"
+DASHBOARD = ROOT / "config" / "grafana" / "cyclone.json"
+
+# SPEC section 9, exactly; histograms add _bucket, _sum and _count.
+SPEC_METRICS = {
+    "cyclone_leases_active",
+    "cyclone_leases_total",
+    "cyclone_lease_expirations_total",
+    "cyclone_worker_kills_total",
+    "cyclone_dlq_depth",
+    "cyclone_steps_total",
+    "cyclone_step_duration_seconds",
+    "cyclone_runs_active",
+    "cyclone_workers",
+    "cyclone_worker_restarts_total",
+    "cyclone_scanner_runs_failed_total",
+    "cyclone_scanner_last_scan_timestamp_seconds",
+}
+# Beyond section 9: whether the supervisor's database reads succeed (exported with the
+# database gauges), and Prometheus's own scrape health.
+EXTRA_METRICS = {"cyclone_db_up", "up"}
+HISTOGRAMS = {"cyclone_step_duration_seconds"}
+_NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
+
+
+def metric_names(expr: str) -> set[str]:
+    names = set()
+    for name in _NAME.findall(expr):
+        for suffix in ("_bucket", "_sum", "_count"):
+            base = name.removesuffix(suffix)
+            if base != name and base in HISTOGRAMS:
+                name = base
+        names.add(name)
+    return names
+
+
+def alert_rules() -> dict[str, str]:
+    """alert name -> expr, read from alerts.yml (a fixed layout: `- alert:` then `expr:`)."""
+    rules: dict[str, str] = {}
+    current = None
+    lines = (PROM / "alerts.yml").read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*- alert: (\w+)\s*$", line)
+        if m:
+            current = m.group(1)
+            continue
+        m = re.match(r"(\s*)expr: ?(.*)$", line)
+        if m and current:
+            expr, indent = m.group(2), len(m.group(1))
+            if expr in (">-", "|", ">"):
+                body = []
+                for nxt in lines[i + 1 :]:
+                    if nxt.strip() and len(nxt) - len(nxt.lstrip()) <= indent:
+                        break
+                    body.append(nxt.strip())
+                expr = " ".join(body)
+            rules[current] = expr
+            current = None
+    return rules
+
+
+def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
+    rules = alert_rules()
+    assert set(rules) == {
+        "CycloneSupervisorDown",
+        "CycloneDatabaseDown",
+        "CycloneDLQGrowing",
+        "CycloneDeadlineKillsHigh",
+        "CycloneLeaseReclaimsHigh",
+        "CycloneScannerStalled",
+        "CycloneOldestAvailableStepTooOld",
+    }
+    used = set()
+    for name, expr in rules.items():
+        found = metric_names(expr)
+        assert found, name
+        assert found <= SPEC_METRICS | EXTRA_METRICS, (name, found - SPEC_METRICS)
+        used |= found
+    assert "cyclone_db_up" in metric_names(rules["CycloneDatabaseDown"])
+    assert "cyclone_scanner_last_scan_timestamp_seconds" in used
+    text = (PROM / "alerts.yml").read_text()
+    for field in ("for:", "severity:", "summary:", "description:"):
+        assert text.count(field) >= len(rules), field
+
+
+def test_every_alert_has_a_firing_and_a_quiet_promtool_case():
+    text = (PROM / "alerts_test.yml").read_text()
+    cases = re.findall(r"alertname: (\w+)\n\s+exp_alerts:( \[\])?", text)
+    for name in alert_rules():
+        outcomes = {bool(empty) for alert, empty in cases if alert == name}
+        assert outcomes == {True, False}, name
+    for series in re.findall(r"series: '([a-z_]+)\{", text):
+        assert series in SPEC_METRICS | EXTRA_METRICS, series
+
+
+def test_the_alert_rules_pass_promtool_where_it_is_installed():
+    """promtool when present; without it, the structural checks above are what remains."""
+    test_alert_rules_cover_the_operator_alerts_with_spec_metric_names()
+    test_every_alert_has_a_firing_and_a_quiet_promtool_case()
+    if shutil.which("promtool") is None:
+        return
+    for argv in (
+        ["promtool", "check", "rules", "alerts.yml"],
+        ["promtool", "check", "config", "scrape.yml"],
+        ["promtool", "test", "rules", "alerts_test.yml"],
+    ):
+        out = subprocess.run(argv, cwd=PROM, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_dashboard_uses_only_spec_metrics_and_shows_each_of_them():
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = set().union(*(metric_names(e) for e in exprs))
+    assert used <= SPEC_METRICS | EXTRA_METRICS, used - SPEC_METRICS - EXTRA_METRICS
+    assert used >= SPEC_METRICS, SPEC_METRICS - used
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) and dash["uid"] and dash["title"] == "Cyclone"
+    # DB-wide gauges are exported by every supervisor: summing them would multiply them.
+    for e in exprs:
+        if "cyclone_dlq_depth" in e or "cyclone_runs_active" in e:
+            assert not re.search(
+                r"sum\s*(by\s*\([^)]*\))?\s*\(\s*cyclone_(dlq_depth|runs_active)", e
+            )
+
+
+def unit_settings() -> dict[str, str]:
+    values = {}
+    for line in UNIT.read_text().splitlines():
+        m = re.match(r"([A-Za-z]+)=(.*)$", line)
+        if m:
+            values[m.group(1)] = m.group(2)
+    return values
+
+
+def test_the_systemd_unit_drains_within_its_stop_timeout():
+    unit = unit_settings()
+    assert unit["Type"] == "notify" and unit["NotifyAccess"] == "main"
+    assert unit["KillMode"] == "mixed" and unit["Restart"] == "on-failure"
+    defaults = load_config(None, env={}).supervisor
+    assert int(unit["TimeoutStopSec"]) > defaults.shutdown_timeout + defaults.kill_grace
+    assert unit["NoNewPrivileges"] == "yes" and unit["ProtectSystem"] == "strict"
+    assert "LoadCredential=" in UNIT.read_text()
+    assert "cyclone-supervisor --config" in unit["ExecStart"]
+
+
+def test_systemd_analyze_accepts_the_unit_where_it_is_installed(tmp_path):
+    test_the_systemd_unit_drains_within_its_stop_timeout()
+    if shutil.which("systemd-analyze") is None:
+        return
+    # verify checks that ExecStart exists: point it at the supervisor installed here.
+    supervisor = Path(sys.executable).parent / "cyclone-supervisor"
+    unit = tmp_path / "cyclone.service"
+    unit.write_text(
+        UNIT.read_text().replace("/opt/cyclone/bin/cyclone-supervisor", str(supervisor))
+    )
+    out = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
