@@ -33,3 +33,6 @@ CREATE TABLE cyclone_workers (
     PRIMARY KEY (supervisor_id, slot),
     CHECK ((state = 'busy') = (step_id IS NOT NULL))
 );
+
+-- `cyclone runs` lists the newest runs first.
+CREATE INDEX cyclone_runs_created_idx ON cyclone_runs (created_at, id);
