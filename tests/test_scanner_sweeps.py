@@ -128,6 +128,6 @@ def test_a_sweep_that_changed_nothing_logs_nothing(caplog) -> None:
 def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     options = ScannerOptions(dsn="", interval=1, batch_size=10, retention=0)
     names = [s.name for s in make_sweeps(options)]
-    assert names == ["deadlines", "expired_leases", "max_wait", "sleeps"]
+    assert names == ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors"]
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
     assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)

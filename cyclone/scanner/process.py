@@ -15,6 +15,7 @@ from cyclone.db import connect
 from cyclone.scanner.base import Sweep
 from cyclone.scanner.deadlines import DeadlineSweep
 from cyclone.scanner.leases import ExpiredLeaseSweep
+from cyclone.scanner.presence import StalePresenceSweep
 from cyclone.scanner.retention import RetentionSweep
 from cyclone.scanner.sleeps import SleepSweep
 from cyclone.scanner.waits import MaxWaitSweep
@@ -50,6 +51,7 @@ def make_sweeps(options: ScannerOptions) -> list[Sweep]:
         ExpiredLeaseSweep(batch_size=options.batch_size),
         MaxWaitSweep(batch_size=options.batch_size),
         SleepSweep(batch_size=options.batch_size),
+        StalePresenceSweep(batch_size=options.batch_size),
     ]
     if options.retention > 0:
         sweeps.append(RetentionSweep(batch_size=options.batch_size, retention=options.retention))
@@ -78,7 +80,8 @@ class Scanner:
             except psycopg.Error as exc:
                 log.error("scanner cannot connect: %s", exc)
                 return ExitCode.BOOT_ERROR
-            Channel(fd).send(channel.Ready())
+            self.channel = Channel(fd)
+            self.channel.send(channel.Ready())
             self.wakeup.wait(random.uniform(0, min(START_STAGGER, self.options.interval)))
             return self.loop()
         except ChildExit as exc:
@@ -97,13 +100,17 @@ class Scanner:
     def loop(self) -> int:
         while not self.stop_requested:
             check_parent(self.parent)
-            self.scan_once()
+            counts, ok = self.scan_once()
+            # Every pass is reported, quiet ones too: the supervisor's metrics show the
+            # scanner's last pass, and the rows each sweep changed.
+            self.channel.send(channel.Scanned(at=time.time(), ok=ok, counts=counts))
             jitter = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
             self.wakeup.wait(self.options.interval * jitter)
         return ExitCode.OK
 
-    def scan_once(self) -> int:
-        total = 0
+    def scan_once(self) -> tuple[dict[str, int], bool]:
+        """One pass of every due sweep: rows changed by each, and whether the pass finished."""
+        counts: dict[str, int] = {}
         now = time.monotonic()
         for sweep in self.sweeps:
             if self.stop_requested:
@@ -111,16 +118,16 @@ class Scanner:
             if not sweep.due(now):
                 continue
             try:
-                total += sweep.sweep(self.db(), pause=self.wakeup.wait)
+                counts[sweep.name] = sweep.sweep(self.db(), pause=self.wakeup.wait)
             except psycopg.OperationalError as exc:
                 # The database went away: the next pass reconnects; nothing is half-done,
                 # since every batch is one transaction.
                 log.warning("%s: database unavailable: %s", sweep.name, exc)
                 self.conn = None
-                break
+                return counts, False
             except psycopg.Error as exc:
                 log.error("%s: %s", sweep.name, exc, extra={"action": "sweep"})
-        return total
+        return counts, True
 
     def db(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:

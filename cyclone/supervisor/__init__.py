@@ -7,4 +7,8 @@ children.py    WorkerHandle, and ProcessOps: fork, signal, killpg, waitpid
 channel.py     the worker-to-supervisor pipe protocol and the children's exit codes
 store.py       short-lived connections for writes; the LISTEN connection for revocations
 proctitle.py   process titles
+outcomes.py    one log line per step outcome
+metrics.py     the Prometheus registry, fed by the children's pipes, served from the loop
+gauges.py      the gauges read from the database at scrape time (DLQ depth, active runs)
+presence.py    the supervisor's and its workers' rows, for `cyclone status` on any host
 """

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 
@@ -14,7 +15,8 @@ from cyclone.config import Settings, load_config
 from cyclone.db import connect, resolve_dsn
 from cyclone.engine import register_workflows
 from cyclone.errors import CycloneError
-from cyclone.migrate import migrate
+from cyclone.migrate import latest_version, migrate
+from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
 from cyclone.workflow import Registry, load_modules
 
@@ -66,9 +68,24 @@ def prepare(settings: Settings) -> tuple[str, Registry]:
         migrate(dsn)
     registry = load_workflows(settings)
     with connect(dsn) as conn:
+        check_schema(conn)
         register_workflows(conn, registry.values())
     log.info("workflows: %s", ", ".join(sorted(registry)) or "none", extra={"action": "register"})
     return dsn, registry
+
+
+def check_schema(conn: psycopg.Connection[Any]) -> None:
+    """Refuse a database whose schema this version of Cyclone does not match."""
+    try:
+        rows = conn.execute(QUERIES["migration_applied"]).fetchall()
+    except psycopg.errors.UndefinedTable:
+        rows = []
+    have = max((row["version"] for row in rows), default=0)
+    if have != latest_version():
+        raise CycloneError(
+            f"the database schema is at version {have}, this Cyclone needs {latest_version()}:"
+            " run `cyclone migrate`, or set [database] migrate = true"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,7 @@ from cyclone.supervisor.children import (
     WorkerHandle,
     held_lease,
 )
+from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
 from cyclone.supervisor.ports import (
     ArbiterConfig,
     ChildFactory,
@@ -198,6 +199,24 @@ class Arbiter:
             times.append(self.next_spawn_at)
         return max(now, min(times))
 
+    def next_kill_at(self) -> float | None:
+        """The earliest moment a kill may be due, on the arbiter's clock; None: none is.
+
+        The loop's own database calls (presence) run only when this is far enough away, so
+        that they can never hold a kill up. A silent worker's kill is left out: it is a
+        backstop on the scale of a whole lease, and a busy worker is always close to it.
+        """
+        times: list[float] = []
+        for handle in self.children.values():
+            if handle.kill is not None:
+                if not handle.kill.hard_sent:
+                    times.append(handle.kill.hard_at)
+            elif handle.lease is not None:
+                times += [t for t in (handle.lease.timeout_at, handle.lease.deadline_at) if t]
+        if self.drain_deadline is not None:
+            times.append(self.drain_deadline)
+        return min(times, default=None)
+
     # --- reading channels ---------------------------------------------------------------------
 
     def read_channel(self, handle: WorkerHandle) -> None:
@@ -229,10 +248,13 @@ class Arbiter:
         elif isinstance(message, channel.Done):
             if handle.lease is not None and handle.lease.step_id == message.step_id:
                 self.events.finished(handle.lease, message.outcome, message.duration)
+                log_outcome(handle.lease, message)
                 handle.lease = None
             handle.steps += 1
         elif isinstance(message, channel.Idle):
             handle.lease = None
+        elif isinstance(message, channel.Scanned):
+            self.events.scanned(message)
 
     # --- reaping ------------------------------------------------------------------------------
 
@@ -263,6 +285,13 @@ class Arbiter:
         if kill is not None and lease is not None and kill.step_id == lease.step_id:
             if kill.record is not None and kill.token is not None:
                 self.record(lease, kill.record, kill.error)
+            else:
+                # The database revoked the lease and already holds the outcome.
+                log.info(
+                    "%s killed after %s (%s)%s", step_label(lease),
+                    format_elapsed(self.clock() - lease.leased_at), kill.reason,
+                    RUN_ENDED.get(kill.reason, ""), extra={"action": "record"},
+                )  # fmt: skip
         elif lease is not None:
             # Died on its own mid-step (or mid a step leased after the one we killed it for).
             self.record(lease, ErrorKind.CRASHED, f"worker process {status.describe()}")
@@ -298,10 +327,11 @@ class Arbiter:
             log.error("could not record step %d as %s: %s", lease.step_id, kind, exc)
             return
         if written:
-            self.events.finished(lease, str(kind), self.clock() - lease.leased_at)
+            elapsed = self.clock() - lease.leased_at
+            self.events.finished(lease, str(kind), elapsed)
             log.info(
-                "step %d (%s/%s attempt %d) recorded as %s", lease.step_id, lease.workflow,
-                lease.node, lease.attempt, kind, extra={"action": "record"},
+                "%s recorded as %s after %s: %s", step_label(lease), kind, format_elapsed(elapsed),
+                error, extra={"action": "record"},
             )  # fmt: skip
 
     # --- killing ------------------------------------------------------------------------------
@@ -355,11 +385,13 @@ class Arbiter:
         # so the database decides: fail overdue runs now, then kill whoever it revoked.
         lease.deadline_at = None
         try:
-            self.store.sweep_deadlines()
+            failed = self.store.sweep_deadlines()
         except Exception as exc:
             log.warning("could not sweep deadlines: %s", exc)
             self.order_kill(handle, KillReason.DEADLINE, ErrorKind.DEADLINE, DEADLINE_ERROR)
             return
+        # Runs failed here count with the scanner's (not as a scanner pass: ok=False).
+        self.events.scanned(channel.Scanned(at=0.0, ok=False, counts={"deadlines": failed}))
         self.notified = True
         self.check_revocations()
 

@@ -6,8 +6,10 @@ A line is a verb, optionally followed by a space and a JSON object:
     leased {"step_id": 7, "token": "...", "run_id": "...", "workflow": "fulfill-order",
             "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2}
     beat
-    done {"step_id": 7, "outcome": "completed", "duration": 0.012}
+    done {"step_id": 7, "outcome": "failed", "duration": 0.012, "error": "ConnectionError: ...",
+          "retry": true}
     idle
+    scanned {"at": 1767225600.5, "ok": true, "counts": {"deadlines": 1, "expired_leases": 0}}
 
 Times are durations read from the database clock (`kill_after`, `deadline_left`, seconds from
 the lease), which the supervisor adds to its own monotonic clock: wall clocks of different hosts
@@ -70,6 +72,22 @@ class Done:
     step_id: int
     outcome: str  # "completed", "failed", "lost" (the fenced write matched nothing)
     duration: float
+    # A failure's first line, cut to ERROR_CHARS (the whole text is in the database), and
+    # whether the worker expects a retry: both only for the supervisor's log.
+    error: str | None = None
+    retry: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """The scanner finished a pass: rows changed by each sweep, and when (wall clock, for the
+    `cyclone_scanner_last_scan_timestamp_seconds` gauge). `ok` is false when the database
+    went away mid-pass."""
+
+    verb: ClassVar[str] = "scanned"
+    at: float
+    ok: bool
+    counts: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,8 +95,20 @@ class Idle:
     verb: ClassVar[str] = "idle"
 
 
-Message = Ready | Leased | Beat | Done | Idle
-_BY_VERB: dict[str, type[Any]] = {cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle)}
+Message = Ready | Leased | Beat | Done | Idle | Scanned
+_BY_VERB: dict[str, type[Any]] = {
+    cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle, Scanned)
+}
+# How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
+# worst case stays far below MAX_LINE.
+ERROR_CHARS = 200
+
+
+def first_line(error: str | None) -> str | None:
+    if not error:
+        return None
+    line = error.strip().splitlines()[0] if error.strip() else ""
+    return line if len(line) <= ERROR_CHARS else line[: ERROR_CHARS - 3] + "..."
 
 
 class ProtocolError(ValueError):

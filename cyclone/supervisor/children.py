@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import gc
 import logging
 import os
 import signal
@@ -205,15 +206,21 @@ class OsProcessOps:
         # Block the supervisor's signals across the fork, so that none is handled in the child
         # by the supervisor's handlers before the child has reset them.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
+        # Move what exists now out of the collector's reach: a full collection in the child
+        # would otherwise write to every inherited object and copy every shared page (the
+        # gc.freeze docs; measured: worker PSS 11 -> 22 MiB at its first full collection).
+        gc.freeze()
         try:
             pid = os.fork()
         except BaseException:
+            gc.unfreeze()
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             os.close(read_fd)
             os.close(write_fd)
             raise
         if pid == 0:
             self._child(main, write_fd, [read_fd, *close_fds], old_mask)
+        gc.unfreeze()  # in the supervisor, cycles must stay collectable: it forks for years
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write_fd)
         os.set_blocking(read_fd, False)

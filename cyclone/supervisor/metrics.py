@@ -5,35 +5,43 @@ registry per host, no multiprocess files (they leak with churning workers). `/me
 wsgiref server whose socket sits in the supervisor's selector, so serving it needs no thread;
 `prometheus_client.start_http_server` would start one in the process that forks.
 
-Metrics read from the database (DLQ depth, runs by state, scanner counts) join this registry
-with the operator tooling.
+The scanner reports each pass over its pipe (`scanned`): lease expirations, runs it failed
+and when it last finished a pass. Gauges read from the database (DLQ depth, runs by state,
+`cyclone_db_up`) come from `gauges.DatabaseGauges`, a collector with a statement timeout and a
+short cache. Every label has a bounded set of values: workflow and node names come from code,
+reasons and outcomes from enums; run and step ids never appear.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+import psycopg
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cyclone.supervisor.channel import Scanned
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
+from cyclone.supervisor.gauges import DatabaseGauges
 
 log = logging.getLogger(__name__)
 
 # A scrape is served inside the supervisor's loop: a client that connects and then stalls
 # may hold the loop up for at most this long.
 IO_TIMEOUT = 0.25
+# The scanner's sweeps whose rows are runs failed, by the reason they failed for.
+RUNS_FAILED_BY = {"deadlines": "deadline", "max_wait": "max_wait"}
 
 
 class Metrics:
     """The arbiter's observer: turns what happens to children into Prometheus series."""
 
-    def __init__(self) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.children: dict[int, WorkerHandle] = {}
         r = self.registry
@@ -48,7 +56,24 @@ class Metrics:
         self.restarts = Counter(
             "cyclone_worker_restarts", "Child processes that exited", ["reason"], registry=r
         )
+        self.lease_expirations = Counter(
+            "cyclone_lease_expirations", "Leases the scanner reclaimed after they expired",
+            registry=r,
+        )  # fmt: skip
+        self.runs_failed = Counter(
+            "cyclone_scanner_runs_failed", "Runs the scanner failed", ["reason"], registry=r
+        )
+        for reason in RUNS_FAILED_BY.values():
+            self.runs_failed.labels(reason)
+        self.last_scan = Gauge(
+            "cyclone_scanner_last_scan_timestamp_seconds",
+            "When the scanner last finished a pass (Unix time)", registry=r,
+        )  # fmt: skip
+        for reason in KillReason:
+            self.kills.labels(str(reason))
         r.register(_LiveCollector(self))
+        if connect is not None:
+            r.register(DatabaseGauges(connect))
 
     def watch(self, children: dict[int, WorkerHandle]) -> None:
         self.children = children
@@ -63,6 +88,18 @@ class Metrics:
 
     def killed(self, reason: KillReason) -> None:
         self.kills.labels(str(reason)).inc()
+
+    def scanned(self, report: Scanned) -> None:
+        counts = report.counts if isinstance(report.counts, dict) else {}
+        expired = counts.get("expired_leases")
+        if isinstance(expired, int) and expired > 0:
+            self.lease_expirations.inc(expired)
+        for sweep, reason in RUNS_FAILED_BY.items():
+            failed = counts.get(sweep)
+            if isinstance(failed, int) and failed > 0:
+                self.runs_failed.labels(reason).inc(failed)
+        if report.ok and isinstance(report.at, int | float):
+            self.last_scan.set(report.at)
 
     def exited(self, handle: WorkerHandle, status: ExitStatus) -> None:
         if handle.kill is not None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cyclone.states import ErrorKind
+from cyclone.supervisor.channel import Scanned
 from cyclone.supervisor.children import (
     ChildMain,
     ExitStatus,
@@ -63,6 +64,8 @@ class Events(Protocol):
 
     def exited(self, handle: WorkerHandle, status: ExitStatus) -> None: ...
 
+    def scanned(self, report: Scanned) -> None: ...
+
 
 class NullEvents:
     def leased(self, lease: HeldLease) -> None:
@@ -75,6 +78,9 @@ class NullEvents:
         pass
 
     def exited(self, handle: WorkerHandle, status: ExitStatus) -> None:
+        pass
+
+    def scanned(self, report: Scanned) -> None:
         pass
 
 

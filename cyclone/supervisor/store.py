@@ -41,8 +41,10 @@ def with_options(dsn: str, options: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
-def connect_briefly(dsn: str) -> psycopg.Connection[Any]:
-    dsn = with_options(dsn, f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+def connect_briefly(
+    dsn: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+) -> psycopg.Connection[Any]:
+    dsn = with_options(dsn, f"-c statement_timeout={statement_timeout_ms}")
     return connect(dsn, connect_timeout=CONNECT_TIMEOUT)
 
 
@@ -54,10 +56,14 @@ class Listener:
         self.conn: psycopg.Connection[Any] | None = None
         self.working = False
         self.probed: bool | None = None
+        self.fd = -1
 
     def open(self) -> bool:
         """Connect and LISTEN; returns whether notifications were seen to arrive."""
         self.conn = connect_briefly(self.dsn)
+        # Kept: once the connection is lost, psycopg no longer tells its descriptor, and the
+        # loop still has to unregister it from the selector.
+        self.fd = self.conn.fileno()
         self.conn.execute(LISTEN)
         # Probe once: a reconnect goes through the same path as the first connection did.
         if self.probed is None:
@@ -77,7 +83,7 @@ class Listener:
 
     def fileno(self) -> int:
         assert self.conn is not None
-        return self.conn.fileno()
+        return self.fd
 
     def drain(self) -> bool:
         """Read what arrived on the socket; returns whether a notification was among it."""

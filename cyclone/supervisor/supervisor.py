@@ -22,12 +22,14 @@ import psycopg
 
 from cyclone.config import Settings, load_config
 from cyclone.errors import ConfigError
+from cyclone.notify import Notifier
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
 from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
 from cyclone.supervisor.metrics import Metrics, MetricsServer
+from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.proctitle import set_title, supervisor_title
-from cyclone.supervisor.store import DatabaseStore, Listener
+from cyclone.supervisor.store import DatabaseStore, Listener, connect_briefly
 from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
 
@@ -35,6 +37,11 @@ log = logging.getLogger(__name__)
 
 # A broken LISTEN connection is re-opened at most this often; polling covers the gap.
 LISTEN_RETRY = 5.0
+# The database gauges of /metrics are read inside the loop: their query gets less time than
+# the supervisor's writes do.
+METRICS_STATEMENT_TIMEOUT_MS = 1000
+# A presence upsert touches a handful of rows; it must never hold the loop long.
+PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
 
@@ -98,8 +105,11 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
         self.next_listen_at = 0.0
-        self.metrics = Metrics()
+        self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))
         self.metrics_server: MetricsServer | None = None
+        self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
+        self.notifier = Notifier()
+        self.started_at = time.monotonic()
 
     # --- the selector, as the arbiter's Watcher ----------------------------------------------
 
@@ -127,11 +137,16 @@ class Supervisor:
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
         self.arbiter.start()
+        # Config, database and schema were checked before we got here, the metrics socket is
+        # bound and the children are forked: now systemd may consider us started.
+        self.notifier.ready(self.status_line())
         try:
             while not self.arbiter.finished:
                 self.wait()
                 self.arbiter.tick()
+                self.after_tick()
         finally:
+            self.presence.withdraw()
             self.listener.close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
@@ -155,21 +170,43 @@ class Supervisor:
         self.pending_signals.append(signum)
 
     def wait(self) -> None:
-        timeout = max(0.0, self.arbiter.next_wakeup() - time.monotonic())
-        for key, _ in self.selector.select(timeout):
+        now = time.monotonic()
+        wake = min(self.arbiter.next_wakeup(), max(self.presence.next_at(), now + MIN_GAP))
+        for key, _ in self.selector.select(max(0.0, wake - now)):
             if key.data == _WAKEUP:
                 self.drain_wakeup()
+                self.presence.mark_changed()  # most likely SIGCHLD: a child came or went
             elif key.data == _LISTENER:
                 self.read_listener()
             elif key.data == _METRICS and self.metrics_server is not None:
                 self.metrics_server.handle()
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
+                self.presence.mark_changed()
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
             self.arbiter.handle_signal(signum)
         if not self.listener.healthy:
             self.ensure_listener()
+
+    def after_tick(self) -> None:
+        """Tell systemd and the database what changed, when no kill can be held up by it."""
+        if self.arbiter.draining:
+            self.notifier.stopping("draining: " + self.status_line())
+        now = time.monotonic()
+        if self.arbiter.finished or not self.presence.due(now, self.arbiter.next_kill_at()):
+            return
+        snap = snapshot(
+            self.arbiter.children.values(), draining=self.arbiter.draining,
+            target=self.arbiter.target, uptime=now - self.started_at, now=now,
+        )  # fmt: skip
+        self.presence.publish(snap, now)
+        self.notifier.update(self.status_line())
+
+    def status_line(self) -> str:
+        workers = self.arbiter.workers()
+        busy = sum(1 for h in workers if h.busy)
+        return f"{busy} busy, {len(workers) - busy} idle workers (target {self.arbiter.target})"
 
     def drain_wakeup(self) -> None:
         try:

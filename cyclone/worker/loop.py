@@ -151,7 +151,11 @@ class Worker:
         written = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         duration = time.monotonic() - leased_at
-        self.channel.send(channel.Done(step_id=lease.step_id, outcome=result, duration=duration))
+        self.channel.send(channel.Done(
+            step_id=lease.step_id, outcome=result, duration=duration,
+            error=None if outcome.ok else channel.first_line(outcome.error),
+            retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
+        ))  # fmt: skip
         if not written:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
 

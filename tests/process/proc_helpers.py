@@ -16,32 +16,31 @@ from typing import TypeVar
 
 import pytest
 
-from cyclone.testing import TestEnv
-
 HERE = Path(__file__).parent
 T = TypeVar("T")
 
 # Sub-second everything, so kills, retries and reclaims happen within a test's patience.
-CONFIG = """
-[database]
-migrate = false
-[supervisor]
-workers = {workers}
-kill_grace = "300ms"
-shutdown_timeout = "{shutdown_timeout}"
-[worker]
-lease_ttl = "3s"
-heartbeat_interval = "500ms"
-poll_interval = "100ms"
-[scanner]
-interval = "200ms"
-[metrics]
-port = 0
-[workflows]
-modules = ["proc_flows"]
-[logging]
-level = "debug"
-"""
+SETTINGS = {
+    "database": {"migrate": "false"},
+    "supervisor": {"workers": "2", "kill_grace": '"300ms"', "shutdown_timeout": '"5s"'},
+    "worker": {"lease_ttl": '"3s"', "heartbeat_interval": '"500ms"', "poll_interval": '"100ms"'},
+    "scanner": {"interval": '"200ms"'},
+    "metrics": {"port": "0"},
+    "workflows": {"modules": '["proc_flows"]'},
+    "logging": {"level": '"debug"'},
+}
+
+
+def render_config(overrides: dict[str, str]) -> str:
+    """The test config, with `{"section.key": "toml value"}` overrides."""
+    sections = {name: dict(keys) for name, keys in SETTINGS.items()}
+    for dotted, value in overrides.items():
+        section, _, key = dotted.partition(".")
+        sections.setdefault(section, {})[key] = value
+    return "\n".join(
+        f"[{name}]\n" + "".join(f"{k} = {v}\n" for k, v in keys.items())
+        for name, keys in sections.items()
+    )
 
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -94,14 +93,22 @@ def title(pid: int) -> str:
 
 
 class SupervisorProcess:
-    def __init__(self, env: TestEnv, tmp: Path, name: str, workers: int, shutdown: str) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        tmp: Path,
+        name: str,
+        overrides: dict[str, str],
+        environ: dict[str, str] | None = None,
+    ) -> None:
         self.config = tmp / f"{name}.toml"
-        self.config.write_text(CONFIG.format(workers=workers, shutdown_timeout=shutdown))
+        self.config.write_text(render_config(overrides))
         self.log_path = tmp / f"{name}.log"
         environ = dict(
             os.environ,
             PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            CYCLONE_DATABASE_URL=env.dsn,
+            CYCLONE_DATABASE_URL=dsn,
+            **(environ or {}),
         )
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(
@@ -114,11 +121,19 @@ class SupervisorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def metrics_url(self) -> str:
+        found = wait_for(
+            lambda: re.search(r"metrics at (http://\S+)", self.log()), 10, "the metrics line"
+        )
+        return found.group(1)
+
     def metrics(self) -> str:
-        found = re.search(r"metrics at (http://\S+)", self.log())
-        assert found, self.log()
-        with urllib.request.urlopen(found.group(1), timeout=5) as response:
+        with urllib.request.urlopen(self.metrics_url(), timeout=5) as response:
             return response.read().decode()
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        """One sample of a scrape, by name and exact labels; None when absent."""
+        return sample(self.metrics(), name, **labels)
 
     def workers(self) -> list[int]:
         found = [pid for pid in children(self.pid) if title(pid).startswith("cyclone worker")]
@@ -142,3 +157,14 @@ class SupervisorProcess:
         for pid in pids:  # workers die with the supervisor; their groups must go too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """One sample of a Prometheus text exposition, by name and exact labels."""
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    series = f"{name}{{{want}}}" if labels else name
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        if head == series:
+            return float(value)
+    return None

@@ -45,7 +45,7 @@ def test_a_worker_exiting_mid_step_fails_the_attempt_as_crashed_then_it_is_retri
     (step,) = env.client.steps(run_id)
     assert (step.state, step.attempt) == (StepState.COMPLETED, 2)
     assert env.client.get_run(run_id).output == {"crash_once": "survived on attempt 2"}
-    assert "recorded as crashed" in sup.log()
+    assert "recorded as crashed" in sup.log(), sup.log()
     wait_for(lambda: len(sup.workers()) == 2, 5, "a replacement worker")
     metrics = sup.metrics()
     labels = 'node="crash_once",outcome="{}",workflow="proc-crashy"'

@@ -1,0 +1,343 @@
+"""The real supervisor end to end: throughput, kill latency and memory. Prints figures.
+
+    python bench/runtime.py [--steps 20000] [--workers 4,8] [--kills 50] [--memory 1000,10000]
+                            [--only throughput,kills,memory] [--dsn DSN]
+
+* throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
+  runs; timed from its READY=1 (systemd notify socket) to the last run completed (polled every
+  20 ms). The minimal baseline loop of bench/engine.py runs on the same server in the same run,
+  with the same N forked processes, and the ratio is supervisor / baseline.
+* kills: a handler that ignores ctx.done and SIGTERM, killed at its run's deadline, on cancel
+  and at its step timeout; latency from deadline_at / just before the cancel call / lease time
+  + timeout (all on the database clock, which is this host's) to the worker process seen dead
+  in /proc (gone or a zombie), polled every millisecond.
+* memory: supervisor RSS and every worker's PSS (/proc/PID/smaps_rollup) after the first
+  `--memory` counts of no-op steps, workers never recycled.
+
+This module is also the supervisor's workflow module (`[workflows] modules = ["runtime"]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from engine import SHAPES, baseline_fill, connect, engine_fill, revision, run_workers
+
+import cyclone
+from cyclone.testing import TestEnv, server_dsn
+
+HERE = Path(__file__).resolve().parent
+
+bench_1step, bench_5step = SHAPES[1], SHAPES[5]
+
+
+def _hang(ctx: cyclone.StepContext) -> None:
+    """Note our pid, then ignore ctx.done: only the supervisor's SIGKILL ends this."""
+    (Path(ctx.input["dir"]) / f"{ctx.step_id}.pid").write_text(str(os.getpid()))
+    while True:
+        time.sleep(0.01)
+
+
+hang = cyclone.Workflow("bench-hang")
+hang.task(name="hang", timeout=timedelta(minutes=10), max_attempts=1)(_hang)
+hang_timeout = cyclone.Workflow("bench-hang-timeout")
+hang_timeout.task(name="hang", timeout=timedelta(seconds=1), max_attempts=1)(_hang)
+
+CONFIG = """
+[database]
+migrate = false
+[supervisor]
+workers = {workers}
+kill_grace = "{kill_grace}"
+max_steps_per_worker = 0
+[worker]
+lease_ttl = "30s"
+heartbeat_interval = "5s"
+poll_interval = "{poll}"
+[scanner]
+interval = "{scan}"
+[metrics]
+port = {port}
+[workflows]
+modules = ["runtime"]
+[logging]
+level = "warning"
+"""
+
+
+class Supervisor:
+    """A cyclone-supervisor subprocess on `dsn`, started and waited for through NOTIFY_SOCKET."""
+
+    def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
+        options = {"kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0", **config}
+        path = tmp / "bench.toml"
+        path.write_text(CONFIG.format(workers=workers, **options))
+        sock_path = str(tmp / "notify.sock")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(sock_path)
+        self.sock.settimeout(60)
+        environ = dict(
+            os.environ, CYCLONE_DATABASE_URL=dsn, NOTIFY_SOCKET=sock_path,
+            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        )  # fmt: skip
+        self.log = (tmp / "supervisor.log").open("wb")
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "cyclone.supervisor", "--config", str(path)],
+            env=environ, stdout=self.log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        while not self.sock.recv(4096).startswith(b"READY=1"):
+            pass
+        self.ready_at = time.perf_counter()
+
+    def children(self) -> list[int]:
+        text = Path(f"/proc/{self.popen.pid}/task/{self.popen.pid}/children").read_text()
+        return [int(p) for p in text.split()]
+
+    def workers(self) -> list[int]:
+        return [p for p in self.children() if cmdline(p).startswith("cyclone worker")]
+
+    def stop(self) -> None:
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(30)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self.sock.close()
+        self.log.close()
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def dead(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return text.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def wait_completed(env: TestEnv, sup: Supervisor, runs: int, interval: float) -> None:
+    """Poll until `runs` runs completed; fail loudly if the supervisor died or progress stops."""
+    count = "SELECT count(*) FROM cyclone_runs WHERE state = 'completed'"
+    last, since = -1, time.monotonic()
+    while (done := scalar(env, count)) < runs:
+        if done != last:
+            last, since = done, time.monotonic()
+        if sup.popen.poll() is not None or time.monotonic() - since > 60:
+            tail = Path(sup.log.name).read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"no progress at {done}/{runs} runs; supervisor log:\n{tail}")
+        time.sleep(interval)
+
+
+def scalar(env: TestEnv, sql: str, *params: Any) -> Any:
+    row = env.conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+    return next(iter(row.values()))
+
+
+# -- throughput ------------------------------------------------------------------------------
+
+
+def throughput(base: str, steps: int, shape: int, workers: int) -> tuple[float, float]:
+    """(supervisor steps/s, baseline steps/s) on fresh schemas of the same server."""
+    runs = steps // shape
+    with TestEnv(dsn=base) as env:
+        baseline_fill(env.conn, shape, runs)
+        env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+        elapsed, _ = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
+        baseline = runs * shape / elapsed
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        engine_fill(env, shape, runs)
+        env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            wait_completed(env, sup, runs, 0.02)
+            elapsed = time.perf_counter() - sup.ready_at
+        finally:
+            sup.stop()
+    return runs * shape / elapsed, baseline
+
+
+# -- kill latency ----------------------------------------------------------------------------
+
+
+def wait_pids(tmp: Path, step_ids: list[int]) -> dict[int, int]:
+    """step id -> the pid of the worker running it, once every handler wrote its note."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        notes = [tmp / f"{s}.pid" for s in step_ids]
+        if all(n.exists() and n.read_text() for n in notes):
+            return {s: int(n.read_text()) for s, n in zip(step_ids, notes, strict=True)}
+        time.sleep(0.002)
+    raise RuntimeError("handlers did not start within 60s")
+
+
+def deaths(pids: dict[int, int]) -> dict[int, float]:
+    """step id -> wall time its worker was first seen dead."""
+    seen: dict[int, float] = {}
+    deadline = time.monotonic() + 60
+    while len(seen) < len(pids) and time.monotonic() < deadline:
+        for step, pid in pids.items():
+            if step not in seen and dead(pid):
+                seen[step] = time.time()
+        time.sleep(0.001)
+    if len(seen) < len(pids):
+        raise RuntimeError("a handler outlived its kill by 60s")
+    return seen
+
+
+def step_of(env: TestEnv, run_id: str) -> int:
+    return scalar(env, "SELECT id FROM cyclone_steps WHERE run_id = %s", run_id)
+
+
+def kill_batch(env: TestEnv, sup: Supervisor, tmp: Path, kind: str, n: int) -> list[float]:
+    while len(sup.workers()) < n:  # replacements of the last batch
+        time.sleep(0.005)
+    if kind == "deadline":
+        runs = [env.client.submit(hang, {"dir": str(tmp)}, run_deadline=1.0) for _ in range(n)]
+    else:
+        flow = hang_timeout if kind == "timeout" else hang
+        runs = [env.client.submit(flow, {"dir": str(tmp)}) for _ in range(n)]
+    steps = {step_of(env, r): r for r in runs}
+    pids = wait_pids(tmp, list(steps))
+    origin: dict[int, float] = {}
+    if kind == "cancel":
+        for step, run_id in steps.items():
+            origin[step] = time.time()
+            env.client.cancel(run_id)
+    died = deaths(pids)
+    for step, run_id in steps.items():
+        if kind == "deadline":
+            at = scalar(env, "SELECT deadline_at FROM cyclone_runs WHERE id = %s", run_id)
+            origin[step] = at.timestamp()
+        elif kind == "timeout":
+            at = scalar(env, "SELECT started_at FROM cyclone_v_steps WHERE id = %s", step)
+            origin[step] = at.timestamp() + 1.0
+    return [died[s] - origin[s] for s in steps]
+
+
+def kill_latency(base: str, kills: int, workers: int = 4) -> dict[str, list[float]]:
+    found: dict[str, list[float]] = {}
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            for kind in ("deadline", "cancel", "timeout"):
+                found[kind] = []
+                while len(found[kind]) < kills:
+                    found[kind] += kill_batch(env, sup, Path(tmp), kind, workers)
+        finally:
+            sup.stop()
+    return found
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def pss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory(base: str, marks: list[int], workers: int = 4) -> list[tuple[int, int, list[int]]]:
+    """(steps done, supervisor RSS kB, worker PSS kB each) at each mark."""
+    found = []
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            done = 0
+            for mark in marks:
+                engine_fill(env, 1, mark - done)
+                done = mark
+                wait_completed(env, sup, done, 0.05)
+                time.sleep(0.5)  # the workers' last Done lines reach the supervisor
+                pids = sup.workers()
+                found.append((done, rss_kb(sup.popen.pid), [pss_kb(p) for p in pids]))
+        finally:
+            sup.stop()
+    return found
+
+
+# -- main ------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--workers", default="4,8")
+    p.add_argument("--kills", type=int, default=50)
+    p.add_argument("--memory", default="1000,10000")
+    p.add_argument("--only", default="throughput,kills,memory")
+    p.add_argument("--dsn", help="server to use (default: the embedded test server)")
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
+    base = args.dsn or server_dsn()
+    only = set(args.only.split(","))
+    with connect("baseline", base) as conn:
+        version = conn.execute("SHOW server_version").fetchone()[0]
+    print(f"cyclone {revision()}; PostgreSQL {version}; {os.cpu_count()} CPUs")
+    started = time.perf_counter()
+    if "throughput" in only:
+        print(
+            f"\nThroughput, {args.steps} no-op steps per config (supervisor: READY=1 to last run)"
+        )
+        print(f"{'workflow':>9} {'workers':>7} {'supervisor':>12} {'baseline':>10} {'ratio':>6}")
+        for shape in (1, 5):
+            for n in (int(w) for w in args.workers.split(",")):
+                sup, base_rate = throughput(base, args.steps, shape, n)
+                print(f"{shape:>4}-step {n:>7} {sup:>8,.0f}/s {base_rate:>8,.0f}/s"
+                      f" {sup / base_rate:>6.2f}", flush=True)  # fmt: skip
+    if "kills" in only:
+        print(
+            f"\nKill latency, {args.kills}+ kills each, 4 workers, kill_grace 200ms,"
+            " scanner interval 500ms (to the worker process seen dead in /proc)"
+        )
+        for kind, values in kill_latency(base, args.kills).items():
+            print(f"{kind:>9}: n={len(values)}  p50 {pct(values, 0.5) * 1000:6.0f} ms"
+                  f"  p99 {pct(values, 0.99) * 1000:6.0f} ms  max {max(values) * 1000:6.0f} ms"
+                  f"  mean {statistics.mean(values) * 1000:6.0f} ms", flush=True)  # fmt: skip
+    if "memory" in only:
+        marks = [int(m) for m in args.memory.split(",")]
+        print("\nMemory, 4 workers, never recycled (supervisor RSS; worker PSS each)")
+        for done, rss, pss in memory(base, marks):
+            print(
+                f"after {done:>6} steps: supervisor RSS {rss / 1024:6.1f} MiB;"
+                f" worker PSS {', '.join(f'{k / 1024:.1f}' for k in pss)} MiB",
+                flush=True,
+            )
+    print(f"\nTotal time {time.perf_counter() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+-- Operations: where the supervisors publish who runs what (read by `cyclone status` and
+-- `cyclone workers` from any host), the gauges `/metrics` reads from the database, and the
+-- sweep that forgets supervisors that died without saying goodbye.
+
+-- name: presence_publish
+-- One round trip a publish: the supervisor's row, its workers' rows (one per slot, from
+-- parallel arrays), and the removal of slots it no longer has. busy_for and uptime are
+-- durations measured on the supervisor's monotonic clock; the timestamps come from this
+-- database's clock, like every other time Cyclone stores.
+WITH sup AS (
+    INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(state)s, %(target)s,
+            now() - make_interval(secs => %(uptime)s), now())
+    ON CONFLICT (id) DO UPDATE
+       SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now()
+    RETURNING s.id
+), gone AS (
+    DELETE FROM cyclone_workers
+     WHERE supervisor_id = %(id)s AND slot <> ALL (%(slots)s::integer[])
+), w AS (
+    SELECT * FROM unnest(%(slots)s::integer[], %(pids)s::integer[], %(step_ids)s::bigint[],
+                         %(run_ids)s::uuid[], %(workflows)s::text[], %(nodes)s::text[],
+                         %(attempts)s::integer[], %(busy_for)s::float8[])
+               AS w (slot, pid, step_id, run_id, workflow, node, attempt, busy_for)
+)
+INSERT INTO cyclone_workers AS cw
+       (supervisor_id, slot, pid, state, step_id, run_id, workflow, node, attempt, busy_since,
+        seen_at)
+SELECT sup.id, w.slot, w.pid,
+       CASE WHEN w.step_id IS NULL THEN 'idle' ELSE 'busy' END,
+       w.step_id, w.run_id, w.workflow, w.node, w.attempt,
+       CASE WHEN w.step_id IS NULL THEN NULL
+            ELSE now() - make_interval(secs => w.busy_for) END,
+       now()
+  FROM w CROSS JOIN sup
+ON CONFLICT (supervisor_id, slot) DO UPDATE
+   SET pid = EXCLUDED.pid, state = EXCLUDED.state, step_id = EXCLUDED.step_id,
+       run_id = EXCLUDED.run_id, workflow = EXCLUDED.workflow, node = EXCLUDED.node,
+       attempt = EXCLUDED.attempt,
+       -- The same step as before keeps its first busy_since: it does not drift per publish.
+       busy_since = CASE WHEN cw.step_id IS NOT DISTINCT FROM EXCLUDED.step_id
+                              AND cw.busy_since IS NOT NULL
+                         THEN cw.busy_since ELSE EXCLUDED.busy_since END,
+       seen_at = now();
+
+-- name: presence_delete
+-- A supervisor leaving cleanly; its workers' rows go with it (ON DELETE CASCADE).
+DELETE FROM cyclone_supervisors WHERE id = %(id)s;
+
+-- name: presence_delete_stale
+-- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
+-- by cascade, their workers. The table holds one row per supervisor, so no index is needed.
+WITH due AS (
+    SELECT id FROM cyclone_supervisors
+     WHERE seen_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_after)s)
+     ORDER BY seen_at
+     LIMIT %(batch_size)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM cyclone_supervisors s USING due WHERE s.id = due.id
+RETURNING s.id;
+
+-- name: metrics_gauges
+-- The gauges /metrics reads from the database, in one round trip. Both halves use partial
+-- indexes (cyclone_steps_dead_idx, cyclone_runs_active_idx), so the cost follows the DLQ and
+-- the live runs, not history.
+SELECT 'dlq' AS metric, error_kind AS label, count(*) AS value
+  FROM cyclone_steps WHERE state = 'dead' GROUP BY error_kind
+UNION ALL
+SELECT 'runs', state, count(*)
+  FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state;

@@ -1,0 +1,111 @@
+"""Gauges read from the database at scrape time: DLQ depth by reason, runs by state, and whether
+the database answered at all.
+
+A scrape is served inside the supervisor's loop, so the query is bounded on every side: a
+short connect timeout, a statement timeout, and a cache (CACHE_TTL) so that several Prometheus
+servers, or a dashboard hammering `/metrics`, cost one query every few seconds. A failure is
+cached too: while the database is down the scrape still succeeds, says `cyclone_db_up 0`, and
+leaves the database gauges out rather than showing stale numbers; the next try comes after
+CACHE_TTL, so an outage cannot stall the loop once per scrape.
+
+Every supervisor on a shared database exports the same database-wide numbers: aggregate them
+with `max by (reason)`, not `sum`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cyclone.sql import QUERIES
+from cyclone.states import ErrorKind, RunState
+
+log = logging.getLogger(__name__)
+
+CACHE_TTL = 5.0
+# Runs that are not finished; `cyclone_runs_active{state}` always has both series.
+ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value)
+# Every error kind is a possible DLQ reason; each series exists (at 0) from the first scrape,
+# so that alerts on `increase()` work for the first dead step too.
+# (`cancelled` marks discarded steps, never dead ones.)
+DLQ_REASONS = tuple(kind.value for kind in ErrorKind if kind is not ErrorKind.CANCELLED)
+
+
+@dataclass(slots=True)
+class Reading:
+    at: float
+    up: bool
+    dlq: dict[str, int] = field(default_factory=dict)
+    runs: dict[str, int] = field(default_factory=dict)
+
+
+class DatabaseGauges(Collector):
+    """A custom collector: Prometheus calls `collect()` on every scrape."""
+
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]],
+        *,
+        ttl: float = CACHE_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.connect = connect
+        self.ttl = ttl
+        self.clock = clock
+        self.reading: Reading | None = None
+
+    def describe(self) -> Iterator[Any]:
+        # Registration calls describe(), never collect(): no query until the first scrape.
+        yield from self.families(Reading(at=0.0, up=False))
+
+    def collect(self) -> Iterator[Any]:
+        yield from self.families(self.read())
+
+    def read(self) -> Reading:
+        now = self.clock()
+        if self.reading is not None and now - self.reading.at < self.ttl:
+            return self.reading
+        try:
+            with self.connect() as conn:
+                rows = conn.execute(QUERIES["metrics_gauges"]).fetchall()
+        except psycopg.Error as exc:
+            if self.reading is None or self.reading.up:
+                log.warning("metrics: database unavailable: %s", exc, extra={"action": "metrics"})
+            self.reading = Reading(at=now, up=False)
+            return self.reading
+        reading = Reading(
+            at=now, up=True, dlq=dict.fromkeys(DLQ_REASONS, 0), runs=dict.fromkeys(ACTIVE_STATES, 0)
+        )
+        for row in rows:
+            target = reading.dlq if row["metric"] == "dlq" else reading.runs
+            target[row["label"] or "unknown"] = int(row["value"])
+        self.reading = reading
+        return reading
+
+    @staticmethod
+    def families(reading: Reading) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "cyclone_db_up", "Whether the database answered the last metrics query (1) or not",
+            value=1 if reading.up else 0,
+        )  # fmt: skip
+        dlq = GaugeMetricFamily(
+            "cyclone_dlq_depth", "Dead-lettered steps in the database, by error kind",
+            labels=["reason"],
+        )  # fmt: skip
+        runs = GaugeMetricFamily(
+            "cyclone_runs_active", "Unfinished runs in the database, by state", labels=["state"]
+        )
+        if reading.up:
+            for reason, count in sorted(reading.dlq.items()):
+                dlq.add_metric([reason], count)
+            for state, count in sorted(reading.runs.items()):
+                runs.add_metric([state], count)
+        yield dlq
+        yield runs

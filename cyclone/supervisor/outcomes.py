@@ -1,0 +1,51 @@
+"""The supervisor's log of step outcomes: one INFO line per step a worker finished or was killed in.
+
+    step demo-order/reserve run=1f2e3d4c attempt=1 completed in 3ms
+    step demo-flaky/call_partner run=87743ee1 attempt=1 failed (error, will retry) after 9ms: ...
+    step demo-stuck/hang run=394dcae7 attempt=1 killed after 5.0s (deadline): the run failed, ...
+
+Workers report outcomes over their pipes, so this costs the supervisor one log record per step
+and the workers nothing; at thousands of steps a second, set [logging] level = "warning".
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cyclone.supervisor import channel
+from cyclone.supervisor.children import HeldLease, KillReason
+
+log = logging.getLogger("cyclone.supervisor.arbiter")
+
+# What a revocation kill says about the run, for the log line.
+RUN_ENDED = {
+    KillReason.DEADLINE: ": the run failed, run deadline exceeded",
+    KillReason.CANCEL: ": the run was cancelled or failed elsewhere",
+}
+
+
+def step_label(lease: HeldLease) -> str:
+    """`step demo-order/reserve run=1f2e3d4c attempt=1`: short, and greppable by run."""
+    return f"step {lease.workflow}/{lease.node} run={lease.run_id[:8]} attempt={lease.attempt}"
+
+
+def format_elapsed(seconds: float) -> str:
+    return f"{seconds * 1000:.0f}ms" if seconds < 1 else f"{seconds:.1f}s"
+
+
+def log_outcome(lease: HeldLease, done: channel.Done) -> None:
+    """One INFO line per step outcome a worker reports: what the demo shows scrolling by."""
+    took = format_elapsed(done.duration)
+    if done.outcome == "completed":
+        log.info("%s completed in %s", step_label(lease), took, extra={"action": "step"})
+    elif done.outcome == "failed":
+        then = "will retry" if done.retry else "dead-lettered"
+        log.info(
+            "%s failed (error, %s) after %s: %s", step_label(lease), then, took, done.error,
+            extra={"action": "step"},
+        )  # fmt: skip
+    else:
+        log.info(
+            "%s finished after %s but its lease was gone: result discarded", step_label(lease),
+            took, extra={"action": "step"},
+        )  # fmt: skip

@@ -1,0 +1,109 @@
+"""Presence: what a supervisor publishes about itself and its workers, and who removes it."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from cyclone.scanner.presence import StalePresenceSweep
+from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
+from cyclone.supervisor.presence import PUBLISH_INTERVAL, STALE_AFTER, Presence, snapshot
+from cyclone.supervisor.store import connect_briefly
+from cyclone.testing import TestEnv
+
+RUN = str(uuid.uuid4())
+
+
+def handle(pid: int, number: int, *, lease: bool = False, generation: int = 0) -> WorkerHandle:
+    held = HeldLease(
+        step_id=pid, token="t", run_id=RUN, workflow="orders", node="reserve", attempt=2,
+        leased_at=90.0, timeout_at=None, deadline_at=None,
+    )  # fmt: skip
+    return WorkerHandle(
+        pid=pid, role=Role.WORKER, number=number, generation=generation, fd=-1,
+        spawned_at=0.0, last_seen=0.0, lease=held if lease else None,
+    )  # fmt: skip
+
+
+def rows(env: TestEnv, table: str) -> list[dict]:
+    order = "slot" if table == "cyclone_workers" else "id"
+    return env.conn.execute(f"SELECT * FROM {table} ORDER BY {order}").fetchall()
+
+
+def test_a_publish_upserts_the_supervisor_and_one_row_per_worker_slot(env: TestEnv) -> None:
+    presence = Presence(lambda: connect_briefly(env.dsn), host="vm1", pid=4242)
+    scanner = WorkerHandle(pid=9, role=Role.SCANNER, number=0, generation=0, fd=-1,
+                           spawned_at=0.0, last_seen=0.0)  # fmt: skip
+    children = [handle(11, 1, lease=True), handle(12, 2), scanner]
+    assert presence.publish(snapshot(children, draining=False, target=2, uptime=5, now=100), 0)
+    (sup,) = rows(env, "cyclone_supervisors")
+    assert (sup["host"], sup["pid"], sup["state"], sup["workers_target"]) == (
+        "vm1", 4242, "running", 2,
+    )  # fmt: skip
+    busy, idle = rows(env, "cyclone_workers")
+    assert (busy["slot"], busy["pid"], busy["state"], busy["workflow"], busy["node"]) == (
+        1, 11, "busy", "orders", "reserve",
+    )  # fmt: skip
+    assert (str(busy["run_id"]), busy["attempt"], busy["step_id"]) == (RUN, 2, 11)
+    # Busy for 10 s on the supervisor's clock: busy_since is 10 s before the database's now.
+    assert abs((busy["seen_at"] - busy["busy_since"]) - timedelta(seconds=10)) < timedelta(
+        seconds=1
+    )
+    assert (idle["state"], idle["step_id"], idle["busy_since"]) == ("idle", None, None)
+
+    # The next publish: worker 2 is gone, worker 1 is idle, and we are draining.
+    presence.publish(snapshot([handle(11, 1)], draining=True, target=2, uptime=7, now=102), 2)
+    assert rows(env, "cyclone_supervisors")[0]["state"] == "draining"
+    assert [(w["slot"], w["state"]) for w in rows(env, "cyclone_workers")] == [(1, "idle")]
+
+    presence.withdraw()
+    assert rows(env, "cyclone_supervisors") == [] and rows(env, "cyclone_workers") == []
+
+
+def test_a_slot_shared_during_a_reload_shows_the_busy_worker() -> None:
+    old = handle(11, 1, lease=True, generation=0)
+    new = handle(21, 1, generation=1)
+    snap = snapshot([new, old], draining=False, target=1, uptime=1, now=100)
+    assert [(w["slot"], w["pid"]) for w in snap.workers] == [(1, 11)]
+    snap = snapshot([handle(11, 1, generation=0), new], draining=False, target=1, uptime=1, now=1)
+    assert [(w["slot"], w["pid"]) for w in snap.workers] == [(1, 21)]
+
+
+def test_publishing_waits_for_changes_the_interval_and_any_kill_that_may_fall_due() -> None:
+    presence = Presence(lambda: None, host="h", pid=1)  # type: ignore[arg-type,return-value]
+    assert presence.due(0.0, None)
+    presence.last_try, presence.changed = 10.0, False
+    assert not presence.due(10.0 + PUBLISH_INTERVAL / 2, None)
+    assert presence.due(10.0 + PUBLISH_INTERVAL, None)
+    presence.mark_changed()
+    assert presence.due(10.6, None)
+    # A kill due in one second: the publish (which may block on a connect) waits.
+    assert not presence.due(10.6, next_kill_at=11.6)
+
+
+def test_a_failed_publish_is_retried_later_and_never_raises(env: TestEnv) -> None:
+    presence = Presence(
+        lambda: connect_briefly("postgresql://nobody@127.0.0.1:1/x?connect_timeout=2"),
+        host="h", pid=1,
+    )  # fmt: skip
+    assert not presence.publish(snapshot([], draining=False, target=1, uptime=0, now=0), 50.0)
+    assert not presence.due(51.0, None) and presence.due(56.0, None)
+    presence.withdraw()  # never published: nothing to do
+
+
+def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv) -> None:
+    for name in ("alive", "dead"):
+        presence = Presence(lambda: connect_briefly(env.dsn), host=name, pid=1)
+        presence.publish(snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0), 0)
+    env.conn.execute(
+        "UPDATE cyclone_supervisors SET seen_at = now() - make_interval(secs => %s)"
+        " WHERE host = 'dead'", [STALE_AFTER + 1],
+    )  # fmt: skip
+    sweep = StalePresenceSweep(batch_size=10)
+    assert sweep.run_once(env.conn) == 1
+    assert [s["host"] for s in rows(env, "cyclone_supervisors")] == ["alive"]
+    assert len(rows(env, "cyclone_workers")) == 1  # the dead one's workers went by cascade
+    # With a fixed `now` far enough ahead, the live one is stale too.
+    later = env.conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
+    assert sweep.run_once(env.conn, now=later) == 1
+    assert rows(env, "cyclone_supervisors") == []
