@@ -93,7 +93,7 @@ def execute(
         elif lease.kind == NodeKind.CHILD:
             value = _child_input(node, ctx)
         else:
-            value = _call(node.fn, ctx)
+            value = _call(node, ctx)
     except PermanentError as exc:
         return Outcome.failed(_describe(exc), retry=False)
     except CycloneError as exc:
@@ -131,12 +131,12 @@ def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None =
     return complete_step(conn, lease, outcome.value, now=now, encoded=outcome.encoded)
 
 
-def _call(fn: Any, ctx: StepContext) -> Any:
-    if fn is None:
+def _call(node: Any, ctx: StepContext) -> Any:
+    if node.fn is None:
         raise PermanentError(f"node {ctx.node!r} has no handler")
-    if asyncio.iscoroutinefunction(fn):
-        return asyncio.run(_run_async(fn, ctx))
-    return fn(ctx)
+    if node.is_async:
+        return asyncio.run(_run_async(node.fn, ctx))
+    return node.fn(ctx)
 
 
 async def _run_async(fn: Any, ctx: StepContext) -> Any:

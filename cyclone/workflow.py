@@ -155,6 +155,8 @@ class Node:
         self.items = items
         self.child = child
         self.child_input = child_input
+        # Checked once here rather than on every step.
+        self._is_async = fn is not None and inspect.iscoroutinefunction(fn)
 
     @property
     def name(self) -> str:
@@ -162,7 +164,7 @@ class Node:
 
     @property
     def is_async(self) -> bool:
-        return self.fn is not None and inspect.iscoroutinefunction(self.fn)
+        return self._is_async
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn is None:

@@ -95,13 +95,13 @@ def lease_step(
         return None
     return Lease(
         step_id=row["id"],
-        run_id=str(row["run_id"]),
+        run_id=row["run_id"],
         workflow=row["workflow"],
         node=row["node"],
         kind=NodeKind(row["kind"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
-        token=str(row["lease_token"]),
+        token=row["lease_token"],
         input=row["input"],
         item_index=row["item_index"],
         item=row["item"],
@@ -110,7 +110,7 @@ def lease_step(
         kill_after=row["kill_after"],
         deadline_left=row["deadline_left"],
         lease_ttl=lease_ttl,
-        parent_run_id=str(row["parent_run_id"]) if row["parent_run_id"] else None,
+        parent_run_id=row["parent_run_id"],
     )
 
 

@@ -51,9 +51,9 @@ UPDATE cyclone_steps s
        leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
   FROM candidate
  WHERE s.id = candidate.id
-RETURNING s.id, s.run_id, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
-          s.max_attempts, s.lease_token, candidate.input, candidate.deadline_at,
-          candidate.graph_hash, candidate.parent_run_id,
+RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
+          s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
+          candidate.graph_hash, candidate.parent_run_id::text,
           extract(epoch FROM least(s.timeout, candidate.deadline_at
                                               - coalesce(%(now)s::timestamptz, now())))::float8
               AS kill_after,
@@ -84,7 +84,8 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- The common case in one statement: a task completes and every node after it depends on it
 -- alone, so its steps can be made without reading anything else of the run. The run is locked
 -- first (as every writer does), then the step is completed under its lease, then the next
--- nodes' steps are inserted; a stale lease completes nothing and so inserts nothing.
+-- nodes' steps are inserted; a stale lease completes nothing and so inserts nothing. No
+-- ON CONFLICT: the fence lets only one completion through, and the unique index still guards.
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
 ), done AS (
@@ -109,7 +110,6 @@ WITH run AS (
       FROM done,
            jsonb_to_recordset(%(next)s::jsonb)
            AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
-    ON CONFLICT DO NOTHING
 )
 SELECT count(*) AS completed FROM done;
 
