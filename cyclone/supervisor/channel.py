@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -115,8 +115,20 @@ class ProtocolError(ValueError):
     """A line that is not a message."""
 
 
+def _names(cls: type[Any]) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
+# Field names per message class, looked up once: encoding and decoding are on every step's path.
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
 def encode(message: Message) -> bytes:
-    data = asdict(message)
+    # Flat messages: a dict of the fields, without asdict's deep copy.
+    data = {name: getattr(message, name) for name in _names(type(message))}
     body = json.dumps(data, separators=(",", ":")) if data else ""
     line = f"{message.verb} {body}".rstrip() + "\n"
     raw = line.encode()
@@ -133,7 +145,7 @@ def decode(line: bytes) -> Message:
         raise ProtocolError(f"unknown verb {verb!r}")
     try:
         data = json.loads(body) if body else {}
-        names = {f.name for f in fields(cls)}
+        names = _names(cls)
         return cls(**{k: v for k, v in data.items() if k in names})
     except (ValueError, TypeError) as exc:
         raise ProtocolError(f"bad {verb} message: {exc}") from None

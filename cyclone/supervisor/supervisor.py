@@ -34,6 +34,8 @@ from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
 
 log = logging.getLogger(__name__)
+# The longest a tick waits while only worker messages arrive (see Supervisor.wait).
+TICK_EVERY = 0.1
 
 # A broken LISTEN connection is re-opened at most this often; polling covers the gap.
 LISTEN_RETRY = 5.0
@@ -102,6 +104,7 @@ class Supervisor:
         self.config_path = config_path
         self.load_workflows = load_workflows
         self.pending_signals: list[int] = []
+        self.last_tick = 0.0
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
         self.next_listen_at = 0.0
@@ -142,9 +145,12 @@ class Supervisor:
         self.notifier.ready(self.status_line())
         try:
             while not self.arbiter.finished:
-                self.wait()
-                self.arbiter.tick()
-                self.after_tick()
+                # A wake-up that only brought worker messages (a lease taken, a step done)
+                # changes no timer that is already due: the tick waits for one that is, for
+                # a signal, or for a child's exit, so busy workers do not make the loop spin.
+                if self.wait():
+                    self.arbiter.tick()
+                    self.after_tick()
         finally:
             self.presence.withdraw()
             self.listener.close()
@@ -169,15 +175,19 @@ class Supervisor:
         # No logging, no I/O, no decisions here: gunicorn learned that from deadlocks.
         self.pending_signals.append(signum)
 
-    def wait(self) -> None:
+    def wait(self) -> bool:
+        """Wait for the next event; True when the tick has work (a timer, signal or exit)."""
         now = time.monotonic()
         wake = min(self.arbiter.next_wakeup(), max(self.presence.next_at(), now + MIN_GAP))
+        tick = False
         for key, _ in self.selector.select(max(0.0, wake - now)):
             if key.data == _WAKEUP:
                 self.drain_wakeup()
                 self.presence.mark_changed()  # most likely SIGCHLD: a child came or went
+                tick = True
             elif key.data == _LISTENER:
                 self.read_listener()
+                tick = True
             elif key.data == _METRICS and self.metrics_server is not None:
                 self.metrics_server.handle()
             else:
@@ -188,6 +198,13 @@ class Supervisor:
             self.arbiter.handle_signal(signum)
         if not self.listener.healthy:
             self.ensure_listener()
+        now = time.monotonic()
+        # Some wake times move with the clock (the idle tick, presence): a steady stream of
+        # messages would push them back forever, so the tick also runs every TICK_EVERY.
+        if tick or signals or now >= wake or now - self.last_tick >= TICK_EVERY:
+            self.last_tick = now
+            return True
+        return False
 
     def after_tick(self) -> None:
         """Tell systemd and the database what changed, when no kill can be held up by it."""
