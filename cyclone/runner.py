@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,8 +19,16 @@ import psycopg
 
 from cyclone.context import CancelEvent, StepContext
 from cyclone.db import encode_json
-from cyclone.engine import complete_step, expand_map, fail_step, graph_by_hash, start_child
-from cyclone.engine.steps import Lease
+from cyclone.engine import (
+    complete_and_lease,
+    complete_step,
+    expand_map,
+    fail_step,
+    graph_by_hash,
+    lease_step,
+    start_child,
+)
+from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease
 from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
@@ -131,6 +140,28 @@ def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None =
     return complete_step(conn, lease, outcome.value, now=now, encoded=outcome.encoded)
 
 
+def record_and_lease(
+    conn: Conn,
+    lease: Lease,
+    outcome: Outcome,
+    *,
+    worker: str,
+    workflows: Sequence[str] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    now: datetime | None = None,
+) -> tuple[bool, Lease | None]:
+    """`record`, then lease the next due step: one statement for a completed task step."""
+    if outcome.ok and lease.kind == NodeKind.TASK:
+        return complete_and_lease(
+            conn, lease, outcome.value, worker=worker, workflows=workflows,
+            lease_ttl=lease_ttl, now=now, encoded=outcome.encoded,
+        )  # fmt: skip
+    written = record(conn, lease, outcome, now=now)
+    return written, lease_step(
+        conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now
+    )
+
+
 def _call(node: Any, ctx: StepContext) -> Any:
     if node.fn is None:
         raise PermanentError(f"node {ctx.node!r} has no handler")
@@ -162,4 +193,4 @@ def _describe(exc: BaseException) -> str:
     return f"{head}\n{tail}"
 
 
-__all__ = ["Outcome", "execute", "load_results", "make_context", "record"]
+__all__ = ["Outcome", "execute", "load_results", "make_context", "record", "record_and_lease"]

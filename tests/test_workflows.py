@@ -380,3 +380,30 @@ def test_release_gives_a_step_back_without_spending_an_attempt(env: TestEnv):
         lease.step_id: ("available", None)
     }
     assert env.run_until_complete(run_id).output == {"once": 1}
+
+
+def test_complete_and_lease_records_and_takes_the_next_step_in_one_statement(env: TestEnv):
+    wf = cyclone.Workflow("wf-one-commit")
+
+    @wf.task()
+    def first(ctx):
+        return 1
+
+    @wf.task(after=[first])
+    def second(ctx):
+        return 2
+
+    a, b = env.client.submit_many(wf, [{}, {}])
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    assert (lease.run_id, lease.node) == (a, "first")
+    done, nxt = engine.complete_and_lease(env.conn, lease, 1, worker="w", now=env.now())
+    # The other run's first step was due; the new `second` of run a was made in the same
+    # statement and is next in line after it.
+    assert done and (nxt.run_id, nxt.node) == (b, "first")
+    stale_done, stale_next = engine.complete_and_lease(env.conn, lease, 1, worker="w")
+    assert (stale_done, stale_next) == (False, None)
+    while nxt is not None:
+        _, nxt = engine.complete_and_lease(env.conn, nxt, 0, worker="w", now=env.now())
+    assert env.client.get_run(a).output == {"second": 0}
+    assert env.client.get_run(b).output == {"second": 0}
+    assert all(s.attempt == 1 for s in env.client.steps(a) + env.client.steps(b))

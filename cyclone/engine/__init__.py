@@ -11,6 +11,7 @@ from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
 from cyclone.engine.steps import (
     Lease,
+    complete_and_lease,
     complete_step,
     expand_map,
     fail_step,
@@ -35,6 +36,7 @@ __all__ = [
     "SWEEPS",
     "Lease",
     "cancel_run",
+    "complete_and_lease",
     "complete_step",
     "current_graph",
     "expand_map",

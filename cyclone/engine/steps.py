@@ -91,8 +91,10 @@ def lease_step(
             "now": now,
         },
     ).fetchone()
-    if row is None:
-        return None
+    return None if row is None else _lease_from_row(row, lease_ttl)
+
+
+def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease:
     return Lease(
         step_id=row["id"],
         run_id=row["run_id"],
@@ -167,6 +169,47 @@ def complete_step(
             return True
 
     return retrying(tx)
+
+
+def complete_and_lease(
+    conn: Conn,
+    lease: Lease,
+    output: Any,
+    *,
+    worker: str,
+    workflows: Sequence[str] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    now: datetime | None = None,
+    encoded: str | None = None,
+) -> tuple[bool, Lease | None]:
+    """Complete this step and lease the next due one, in one statement where the step allows.
+
+    Returns (whether the completion was recorded, the next lease or None). A lost lease
+    records nothing and leases nothing. Steps without a one-statement completion (joins, map
+    items, child runs) are completed, then the next step leased, as two statements.
+    """
+    fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
+    if fast is None:
+        done = complete_step(conn, lease, output, now=now, encoded=encoded)
+        nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
+        return done, nxt
+    query, extra = fast
+    params = {
+        "run_id": lease.run_id,
+        "step_id": lease.step_id,
+        "token": lease.token,
+        "output": encoded
+        if encoded is not None
+        else encode_json(output, f"output of {lease.node}"),
+        "now": now,
+        "worker": worker,
+        "workflows": list(workflows) if workflows is not None else None,
+        "ttl": lease_ttl,
+        **extra,
+    }
+    row = retrying(lambda: conn.execute(QUERIES[query + "_lease"], params).fetchone())
+    nxt = _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+    return bool(row["completed"]), nxt
 
 
 _NEXT_JSON: dict[tuple[str, str], str] = {}
@@ -403,6 +446,7 @@ def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]
 
 __all__ = [
     "Lease",
+    "complete_and_lease",
     "complete_step",
     "expand_map",
     "fail_step",

@@ -97,11 +97,14 @@ class Worker:
     # --- the loop -----------------------------------------------------------------------------
 
     def loop(self) -> int:
+        lease: Lease | None = None
         while True:
             check_parent(self.parent)
             if self.stop_requested or self.retire_requested:
+                self.give_back(lease)
                 return ExitCode.OK
-            lease = self.lease()
+            if lease is None:
+                lease = self.lease()
             if lease is None:
                 if not self.idle_reported:
                     self.channel.send(channel.Idle())
@@ -110,10 +113,26 @@ class Worker:
                 self.wakeup.wait(self.options.poll_interval)
                 continue
             self.idle_reported = False
-            self.run_step(lease)
+            lease = self.run_step(lease)
             self.steps += 1
             if self.options.max_steps and self.steps >= self.options.max_steps:
+                self.give_back(lease)
                 return ExitCode.RECYCLE
+
+    def wants_next(self) -> bool:
+        """Whether recording a step may lease the next one in the same statement."""
+        last = bool(self.options.max_steps) and self.steps + 1 >= self.options.max_steps
+        return not (self.stop_requested or self.retire_requested or last)
+
+    def give_back(self, lease: Lease | None) -> None:
+        """Return a lease taken along with the last completion but never started."""
+        if lease is None:
+            return
+        try:
+            engine.release_step(self.db(), lease.step_id, lease.token)
+        except psycopg.Error as exc:
+            # It comes back through lease expiry instead (one attempt spent).
+            log.warning("step %d: could not give its lease back: %s", lease.step_id, exc)
 
     def lease(self) -> Lease | None:
         try:
@@ -133,7 +152,8 @@ class Worker:
 
     # --- one step -----------------------------------------------------------------------------
 
-    def run_step(self, lease: Lease) -> None:
+    def run_step(self, lease: Lease) -> Lease | None:
+        """Run one step and record it; returns the next lease when the record took one."""
         leased_at = time.monotonic()
         self.report_lease(lease, leased_at)
         set_title(worker_title(
@@ -148,7 +168,7 @@ class Worker:
         if self.stop_requested:
             # The supervisor stopped this attempt and writes its outcome once we are gone.
             raise ChildExit(ExitCode.STOPPED)
-        written = self.record(lease, outcome, renewed_at)
+        written, nxt = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         duration = time.monotonic() - leased_at
         self.channel.send(channel.Done(
@@ -158,6 +178,7 @@ class Worker:
         ))  # fmt: skip
         if not written:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
+        return nxt
 
     def report_lease(self, lease: Lease, leased_at: float) -> None:
         # The durations were read on the database clock when the lease was taken; take off
@@ -211,10 +232,21 @@ class Worker:
             done.set()
             raise ChildExit(ExitCode.LEASE_LOST)
 
-    def record(self, lease: Lease, outcome: runner.Outcome, renewed_at: float) -> bool:
+    def record(
+        self, lease: Lease, outcome: runner.Outcome, renewed_at: float
+    ) -> tuple[bool, Lease | None]:
+        if self.wants_next():
+            try:
+                # One commit per step: the completion and the next lease travel together.
+                return runner.record_and_lease(
+                    self.db(), lease, outcome, worker=self.name, workflows=list(self.registry),
+                    lease_ttl=self.options.lease_ttl,
+                )  # fmt: skip
+            except psycopg.OperationalError as exc:
+                self.check_trust(lease, CancelEvent(), renewed_at, exc)
         while True:
             try:
-                return runner.record(self.db(), lease, outcome)
+                return runner.record(self.db(), lease, outcome), None
             except psycopg.OperationalError as exc:
                 # A write that committed before the connection broke reads as lost on retry,
                 # which is right: the fenced write cannot happen twice.
