@@ -6,7 +6,8 @@ For every config (1-step or 5-step chain workflows x N worker processes) and eve
 schema gets both systems' queues pre-filled with `--steps` no-op steps and is VACUUM ANALYZEd.
 N forked processes, each with its own connection, then drain one queue while the clock runs:
 
-* engine: `lease_step` -> `runner.execute` -> `runner.record`, the functions a worker calls;
+* engine: `runner.execute` -> `runner.record_and_lease`, the functions a worker calls: a task's
+  completion and the next lease are one statement, so one commit per step;
 * baseline: one autocommit SKIP LOCKED lease UPDATE, then one transaction that completes the
   step and inserts the next one (or completes the run): the `tx` form of perf-anchors' ideal.py.
 
@@ -78,13 +79,20 @@ def engine_step(conn: Any, worker: str, shape: int) -> Step:
     wf = SHAPES[shape]
     registry, names = Registry([wf]), [wf.name]
 
+    pending: list[Any] = []  # the lease taken along with the last completion
+
     def step() -> bool:
-        lease = lease_step(conn, worker=worker, workflows=names)
+        lease = pending.pop() if pending else lease_step(conn, worker=worker, workflows=names)
         if lease is None:
             return False
         outcome = runner.execute(conn, registry, lease)
-        if not (outcome.ok and runner.record(conn, lease, outcome)):
-            raise RuntimeError(f"step {lease.step_id} was not recorded: {outcome}")
+        if not outcome.ok:
+            raise RuntimeError(f"step {lease.step_id} failed: {outcome}")
+        written, nxt = runner.record_and_lease(conn, lease, outcome, worker=worker, workflows=names)
+        if not written:
+            raise RuntimeError(f"step {lease.step_id} was not recorded")
+        if nxt is not None:
+            pending.append(nxt)
         return True
 
     return step
@@ -487,9 +495,9 @@ def traced_round_trips(dsn: str, system: str, shape: int) -> tuple[float, list[s
         out.seek(0)
         trips = round_trips(out.read())
     conn.close()
-    leases = [i for i, t in enumerate(trips) if t == trips[0]]  # every step starts with one
-    mid = len(leases) // 2
-    return (len(trips) - 1) / steps, trips[leases[mid] : leases[mid + 1]]
+    per_step = (len(trips) - 1) / steps
+    mid = len(trips) // 2  # a step from the middle of the drain, in steady state
+    return per_step, trips[mid : mid + max(1, round(per_step))]
 
 
 def show_round_trips(base: str, per_shape: int) -> None:
