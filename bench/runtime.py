@@ -1,6 +1,7 @@
 """The real supervisor end to end: throughput, kill latency and memory. Prints figures.
 
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--kills 50] [--memory 1000,10000]
+                            [--respawns 1000,10000] [--only throughput,kills,memory,respawns]
                             [--only throughput,kills,memory] [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
@@ -61,7 +62,7 @@ migrate = false
 [supervisor]
 workers = {workers}
 kill_grace = "{kill_grace}"
-max_steps_per_worker = 0
+max_steps_per_worker = {max_steps}
 [worker]
 lease_ttl = "30s"
 heartbeat_interval = "5s"
@@ -81,7 +82,10 @@ class Supervisor:
     """A cyclone-supervisor subprocess on `dsn`, started and waited for through NOTIFY_SOCKET."""
 
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
-        options = {"kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0", **config}
+        options = {
+            "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
+            "max_steps": "0", **config,
+        }  # fmt: skip
         path = tmp / "bench.toml"
         path.write_text(CONFIG.format(workers=workers, **options))
         sock_path = str(tmp / "notify.sock")
@@ -288,6 +292,33 @@ def memory(base: str, marks: list[int], workers: int = 4) -> list[tuple[int, int
     return found
 
 
+def respawns(base: str, marks: list[int], workers: int = 4) -> list[tuple[int, int, int, int]]:
+    """Workers recycled after every step: (steps done, supervisor RSS kB, open fds, files left
+    in the supervisor's TMPDIR) at each mark, so growth per respawn shows."""
+    found = []
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "tmp"
+        scratch.mkdir()
+        os.environ["TMPDIR"] = str(scratch)
+        try:
+            sup = Supervisor(env.dsn, Path(tmp), workers, max_steps="1")
+        finally:
+            del os.environ["TMPDIR"]
+        try:
+            done = 0
+            for mark in marks:
+                engine_fill(env, 1, mark - done)
+                done = mark
+                wait_completed(env, sup, done, 0.05)
+                time.sleep(0.5)  # let the last exits be reaped
+                pid = sup.popen.pid
+                fds = len(os.listdir(f"/proc/{pid}/fd"))
+                found.append((done, rss_kb(pid), fds, len(list(scratch.iterdir()))))
+        finally:
+            sup.stop()
+    return found
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -297,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="4,8")
     p.add_argument("--kills", type=int, default=50)
     p.add_argument("--memory", default="1000,10000")
-    p.add_argument("--only", default="throughput,kills,memory")
+    p.add_argument("--respawns", default="1000,10000")
+    p.add_argument("--only", default="throughput,kills,memory,respawns")
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
@@ -333,6 +365,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"after {done:>6} steps: supervisor RSS {rss / 1024:6.1f} MiB;"
                 f" worker PSS {', '.join(f'{k / 1024:.1f}' for k in pss)} MiB",
+                flush=True,
+            )
+    if "respawns" in only:
+        marks = [int(m) for m in args.respawns.split(",")]
+        print("\nRespawns: 4 workers recycled after every step (one fork per step)")
+        for done, rss, fds, files in respawns(base, marks):
+            print(
+                f"after {done:>6} respawns: supervisor RSS {rss / 1024:6.1f} MiB;"
+                f" open fds {fds}; files left in TMPDIR {files}",
                 flush=True,
             )
     print(f"\nTotal time {time.perf_counter() - started:.0f}s")
