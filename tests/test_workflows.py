@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import timedelta
 
 import psycopg
@@ -407,3 +408,47 @@ def test_complete_and_lease_records_and_takes_the_next_step_in_one_statement(env
     assert env.client.get_run(a).output == {"second": 0}
     assert env.client.get_run(b).output == {"second": 0}
     assert all(s.attempt == 1 for s in env.client.steps(a) + env.client.steps(b))
+
+
+def test_a_cancel_racing_a_chain_completion_leaves_no_live_step(env: TestEnv):
+    """The chain completion takes no run lock: the cancel's second pass must catch its insert."""
+    import threading
+
+    from cyclone.db import connect
+
+    wf = cyclone.Workflow("wf-race")
+
+    @wf.task()
+    def first(ctx):
+        return 1
+
+    @wf.task(after=[first])
+    def second(ctx):
+        return 2
+
+    run_id = env.client.submit(wf, {})
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    with connect(env.dsn) as worker, connect(env.dsn) as canceller:
+        with worker.transaction():
+            assert engine.complete_step(worker, lease, 1, now=env.now())
+            # The completion (and its insert of `second`) is not committed yet: the cancel
+            # blocks on the completed step's row, then runs after the commit.
+            result: list[bool] = []
+            thread = threading.Thread(
+                target=lambda: result.append(engine.cancel_run(canceller, run_id, now=env.now()))
+            )
+            thread.start()
+            blocked = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            deadline = time.monotonic() + 10
+            while env.conn.execute(blocked).fetchone()["n"] == 0:
+                assert time.monotonic() < deadline, "the cancel never waited on the step"
+                time.sleep(0.01)
+        thread.join(10)
+    assert result == [True]
+    steps = {s.node: s for s in env.client.steps(run_id)}
+    assert steps["first"].state == StepState.COMPLETED
+    assert (steps["second"].state, steps["second"].error_kind) == (
+        StepState.DISCARDED,
+        ErrorKind.CANCELLED,
+    )
+    assert env.client.get_run(run_id).state == RunState.CANCELLED

@@ -159,6 +159,7 @@ def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
     row = conn.execute(QUERIES["run_fail"], {"run_id": run_id, "now": now}).fetchone()
     if row is None:
         return
+    settle_late(conn, [run_id], "discarded", None, "run failed", now)
     if row["child_run_ids"]:
         cancel_runs(conn, row["child_run_ids"], now, notify=False)
     notify_revoked(conn)
@@ -187,9 +188,27 @@ def cancel_runs(
     rows = conn.execute(
         QUERIES["run_cancel_tree"], {"run_ids": list(run_ids), "now": now}
     ).fetchall()
+    if rows:
+        ended = [str(r["id"]) for r in rows]
+        settle_late(conn, ended, "discarded", ErrorKind.CANCELLED, "run cancelled", now)
     if rows and notify:
         notify_revoked(conn)
     return rows
+
+
+def settle_late(
+    conn: Conn,
+    run_ids: list[str],
+    state: str,
+    kind: str | None,
+    error: str,
+    now: datetime | None,
+) -> None:
+    """Give steps inserted by a concurrent chain completion their ended run's fate."""
+    conn.execute(
+        QUERIES["steps_settle_late"],
+        {"run_ids": run_ids, "state": state, "kind": kind, "error": error, "now": now},
+    )
 
 
 def notify_revoked(conn: Conn) -> None:

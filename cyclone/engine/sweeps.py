@@ -13,9 +13,17 @@ from typing import Any
 import psycopg
 
 from cyclone.db import retrying
-from cyclone.engine.advance import RunRef, cancel_runs, fail_run, lock_run, node_completed
+from cyclone.engine.advance import (
+    RunRef,
+    cancel_runs,
+    fail_run,
+    lock_run,
+    node_completed,
+    settle_late,
+)
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.sql import QUERIES
+from cyclone.states import DEADLINE_ERROR, ErrorKind
 
 Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
@@ -33,6 +41,8 @@ def sweep_deadlines(
             ).fetchone()
             if not row["run_ids"]:
                 return 0
+            settle_late(conn, [str(r) for r in row["run_ids"]], "dead", ErrorKind.DEADLINE,
+                        DEADLINE_ERROR, now)  # fmt: skip
             # Child runs of dead-lettered child nodes are cancelled in this same transaction.
             if row["child_run_ids"]:
                 cancel_runs(conn, row["child_run_ids"], now, notify=False)

@@ -82,20 +82,17 @@ RETURNING s.node, s.kind, run.state AS run_state;
 
 -- name: step_complete_chain
 -- The common case in one statement: a task completes and every node after it depends on it
--- alone, so its steps can be made without reading anything else of the run. The run is locked
--- first (as every writer does), then the step is completed under its lease, then the next
--- nodes' steps are inserted; a stale lease completes nothing and so inserts nothing. No
+-- alone, so its steps can be made without reading anything else of the run. It takes no run
+-- lock (the one thing that made chains slower than a bare queue): the fenced update is what
+-- makes the completion happen once, and a run ended concurrently (cancel, failure, deadline)
+-- catches the steps inserted here with steps_settle_late, run after it ended the run. No
 -- ON CONFLICT: the fence lets only one completion through, and the unique index still guards.
-WITH run AS (
-    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
-), done AS (
+WITH done AS (
     UPDATE cyclone_steps s
        SET state = 'completed', output = %(output)s::jsonb,
            completed_at = coalesce(%(now)s::timestamptz, now()),
            lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
-      FROM run
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
-       AND s.run_id = run.id
  RETURNING s.run_id, s.workflow
 ), next AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
@@ -139,16 +136,12 @@ SELECT count(*) AS completed FROM done;
 -- name: step_complete_chain_lease
 -- step_complete_chain, and the next due step leased in the same statement: one commit per
 -- step. The lease only happens when the completion did (a stale worker leases nothing).
-WITH run AS (
-    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
-), done AS (
+WITH done AS (
     UPDATE cyclone_steps s
        SET state = 'completed', output = %(output)s::jsonb,
            completed_at = coalesce(%(now)s::timestamptz, now()),
            lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
-      FROM run
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
-       AND s.run_id = run.id
  RETURNING s.run_id, s.workflow
 ), next AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
@@ -352,6 +345,16 @@ RETURNING s.id;
 
 -- name: revoked_listen
 LISTEN cyclone_revoked;
+
+-- name: steps_settle_late
+-- Second pass after runs were ended: steps that a lock-free chain completion inserted while
+-- the first pass ran (its snapshot could not see them) get the same fate as their siblings.
+-- Runs in this statement's new snapshot include every such insert: the first pass waited on
+-- the completing step's row lock, so the insert had committed before this statement began.
+UPDATE cyclone_steps
+   SET state = %(state)s, error_kind = %(kind)s, error = %(error)s,
+       completed_at = coalesce(%(now)s::timestamptz, now()), due_at = NULL
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state IN ('available', 'waiting');
 
 -- name: step_get
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
