@@ -52,6 +52,7 @@ class Worker:
         self.steps = 0
         self.idle_reported = False
         self.conn: psycopg.Connection[Any] | None = None
+        self.unsent: channel.Done | None = None  # sent with the next lease's line
         self.name = ""
 
     # --- process ------------------------------------------------------------------------------
@@ -126,6 +127,9 @@ class Worker:
 
     def give_back(self, lease: Lease | None) -> None:
         """Return a lease taken along with the last completion but never started."""
+        if self.unsent is not None:
+            self.channel.send(self.unsent)
+            self.unsent = None
         if lease is None:
             return
         try:
@@ -171,11 +175,16 @@ class Worker:
         written, nxt = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         duration = time.monotonic() - leased_at
-        self.channel.send(channel.Done(
+        report = channel.Done(
             step_id=lease.step_id, outcome=result, duration=duration,
             error=None if outcome.ok else channel.first_line(outcome.error),
             retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
-        ))  # fmt: skip
+        )  # fmt: skip
+        if nxt is None:
+            self.channel.send(report)
+        else:
+            # The next step starts at once: its `leased` line carries this `done` along.
+            self.unsent = report
         if not written:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
         return nxt
@@ -184,7 +193,8 @@ class Worker:
         # The durations were read on the database clock when the lease was taken; take off
         # what has passed here since, so the supervisor adds them to its clock correctly.
         spent = time.monotonic() - leased_at
-        self.channel.send(channel.Leased(
+        before, self.unsent = self.unsent, None
+        self.channel.send(*([before] if before else []), channel.Leased(
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
             kill_after=None if lease.kill_after is None else lease.kill_after - spent,
