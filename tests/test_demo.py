@@ -10,5 +10,4 @@ def test_demo_order_and_flaky_workflows_complete(env: TestEnv):
     flaky = env.client.submit(demo.flaky, {})
     assert env.run_until_complete(order).output == {"ship": {"label": {"label": "PKG-1"}}}
     st = env.run_until_complete(flaky)
-    assert (st.state, st.output) == (RunState.COMPLETED,
-                                     {"call_partner": "answered on attempt 3"})
+    assert (st.state, st.output) == (RunState.COMPLETED, {"call_partner": "answered on attempt 3"})

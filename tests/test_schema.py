@@ -10,7 +10,6 @@ import psycopg
 import pytest
 
 import cyclone
-from cyclone import engine
 from cyclone.db import connect
 from cyclone.migrate import latest_version, migrate
 from cyclone.sql import QUERIES, parse_queries
@@ -110,7 +109,11 @@ def test_hot_queries_use_their_partial_indexes_on_a_large_table(env: TestEnv):
     env.conn.execute("ANALYZE cyclone_steps")
     env.conn.execute("ANALYZE cyclone_runs")
     now = env.now()
-    lease = _plan(env.conn, "step_lease", {"worker": "w", "workflows": None, "ttl": 30, "now": now})
+    lease = _plan(
+        env.conn,
+        "step_lease",
+        {"lease": True, "worker": "w", "workflows": None, "ttl": 30, "now": now},
+    )
     assert "cyclone_steps_available_idx" in lease
     deadlines = _plan(env.conn, "run_fail_deadline_passed", {"batch_size": 500, "now": now})
     assert "cyclone_runs_deadline_idx" in deadlines
@@ -122,4 +125,17 @@ def test_connect_gives_autocommit_dict_rows(env: TestEnv):
     with connect(env.dsn) as conn:
         assert conn.autocommit
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
-    assert engine.SWEEPS
+
+
+def test_fragments_are_included_once_and_an_unknown_one_is_an_error():
+    from cyclone.sql import resolve_includes
+
+    blocks = {
+        "_tail": "SELECT 1;",
+        "a": "-- include: _tail",
+        "b": "WITH x AS (SELECT 2)\n-- include: _tail",
+    }
+    assert resolve_includes(blocks) == {"a": "SELECT 1;", "b": "WITH x AS (SELECT 2)\nSELECT 1;"}
+    with pytest.raises(ValueError, match="no such fragment"):
+        resolve_includes({"a": "-- include: _missing"})
+    assert not any(name.startswith("_") for name in QUERIES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from datetime import timedelta
 
@@ -11,7 +12,20 @@ import pytest
 
 import cyclone
 from cyclone import ErrorKind, RunState, StepState, engine
+from cyclone.db import connect
 from cyclone.testing import TestEnv
+
+two_tasks = cyclone.Workflow("wf-two-tasks")
+
+
+@two_tasks.task()
+def first(ctx):
+    return 1
+
+
+@two_tasks.task(after=[first])
+def second(ctx):
+    return 2
 
 
 def test_results_flow_downstream_and_sink_outputs_form_the_run_output(env: TestEnv):
@@ -377,24 +391,12 @@ def test_release_gives_a_step_back_without_spending_an_attempt(env: TestEnv):
     assert engine.release_step(env.conn, lease.step_id, lease.token, now=env.now()) is False
     step = env.client.steps(run_id)[0]
     assert (step.state, step.attempt) == (StepState.AVAILABLE, 0)
-    assert engine.revoked_lease_states(env.conn, {lease.step_id: lease.token}) == {
-        lease.step_id: ("available", None)
-    }
+    assert engine.revoked_leases(env.conn, {lease.step_id: lease.token}) == {lease.step_id: None}
     assert env.run_until_complete(run_id).output == {"once": 1}
 
 
 def test_complete_and_lease_records_and_takes_the_next_step_in_one_statement(env: TestEnv):
-    wf = cyclone.Workflow("wf-one-commit")
-
-    @wf.task()
-    def first(ctx):
-        return 1
-
-    @wf.task(after=[first])
-    def second(ctx):
-        return 2
-
-    a, b = env.client.submit_many(wf, [{}, {}])
+    a, b = env.client.submit_many(two_tasks, [{}, {}])
     lease = engine.lease_step(env.conn, worker="w", now=env.now())
     assert (lease.run_id, lease.node) == (a, "first")
     done, nxt = engine.complete_and_lease(env.conn, lease, 1, worker="w", now=env.now())
@@ -412,21 +414,7 @@ def test_complete_and_lease_records_and_takes_the_next_step_in_one_statement(env
 
 def test_a_cancel_racing_a_chain_completion_leaves_no_live_step(env: TestEnv):
     """The chain completion takes no run lock: the cancel's second pass must catch its insert."""
-    import threading
-
-    from cyclone.db import connect
-
-    wf = cyclone.Workflow("wf-race")
-
-    @wf.task()
-    def first(ctx):
-        return 1
-
-    @wf.task(after=[first])
-    def second(ctx):
-        return 2
-
-    run_id = env.client.submit(wf, {})
+    run_id = env.client.submit(two_tasks, {})
     lease = engine.lease_step(env.conn, worker="w", now=env.now())
     with connect(env.dsn) as worker, connect(env.dsn) as canceller:
         with worker.transaction():

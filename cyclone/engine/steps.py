@@ -82,16 +82,27 @@ def lease_step(
     now: datetime | None = None,
 ) -> Lease | None:
     """Lease the oldest due step (of these workflows, when given), or None."""
-    row = conn.execute(
-        QUERIES["step_lease"],
-        {
-            "worker": worker,
-            "workflows": list(workflows) if workflows is not None else None,
-            "ttl": lease_ttl,
-            "now": now,
-        },
-    ).fetchone()
-    return None if row is None else _lease_from_row(row, lease_ttl)
+    params = _next_lease(worker, workflows, lease_ttl, now, lease=True)
+    row = conn.execute(QUERIES["step_lease"], params).fetchone()
+    return _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+
+
+def _next_lease(
+    worker: str | None,
+    workflows: Sequence[str] | None,
+    lease_ttl: float,
+    now: datetime | None,
+    *,
+    lease: bool,
+) -> dict[str, Any]:
+    """Parameters of the `_lease_next` fragment every lease and fast completion ends with."""
+    return {
+        "lease": lease,
+        "worker": worker,
+        "workflows": list(workflows) if workflows is not None else None,
+        "ttl": lease_ttl,
+        "now": now,
+    }
 
 
 def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease:
@@ -155,9 +166,8 @@ def complete_step(
     graph = graph_by_hash(conn, lease.graph_hash)
     fast = _fast_completion(graph, lease)
     if fast is not None:
-        query, extra = fast
-        row = retrying(lambda: conn.execute(QUERIES[query], {**params, **extra}).fetchone())
-        return bool(row["completed"])
+        nothing_next = _next_lease(None, None, lease.lease_ttl, now, lease=False)
+        return _complete_fast(conn, fast, {**params, **nothing_next})[0]
 
     def tx() -> bool:
         with conn.transaction():
@@ -193,7 +203,6 @@ def complete_and_lease(
         done = complete_step(conn, lease, output, now=now, encoded=encoded)
         nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
         return done, nxt
-    query, extra = fast
     params = {
         "run_id": lease.run_id,
         "step_id": lease.step_id,
@@ -201,15 +210,19 @@ def complete_and_lease(
         "output": encoded
         if encoded is not None
         else encode_json(output, f"output of {lease.node}"),
-        "now": now,
-        "worker": worker,
-        "workflows": list(workflows) if workflows is not None else None,
-        "ttl": lease_ttl,
-        **extra,
+        **_next_lease(worker, workflows, lease_ttl, now, lease=True),
     }
-    row = retrying(lambda: conn.execute(QUERIES[query + "_lease"], params).fetchone())
-    nxt = _lease_from_row(row, lease_ttl) if row["id"] is not None else None
-    return bool(row["completed"]), nxt
+    done, row = _complete_fast(conn, fast, params)
+    return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+
+
+def _complete_fast(
+    conn: Conn, fast: tuple[str, dict[str, Any]], params: dict[str, Any]
+) -> tuple[bool, dict[str, Any]]:
+    """Run a one-statement completion; (whether it was recorded, its row with any next lease)."""
+    query, extra = fast
+    row = retrying(lambda: conn.execute(QUERIES[query], {**params, **extra}).fetchone())
+    return bool(row["completed"]), row
 
 
 _NEXT_JSON: dict[tuple[str, str], str] = {}
@@ -418,18 +431,6 @@ def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None =
     return row.fetchone() is not None
 
 
-def revoked_lease_states(
-    conn: Conn, held: Mapping[int, str]
-) -> dict[int, tuple[str | None, str | None]]:
-    """Like revoked_leases, with each step's state too: (state, error_kind); state None if gone."""
-    if not held:
-        return {}
-    rows = conn.execute(
-        QUERIES["step_revoked"], {"step_ids": list(held), "tokens": list(held.values())}
-    ).fetchall()
-    return {r["step_id"]: (r["state"], r["error_kind"]) for r in rows}
-
-
 def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]:
     """Of the (step id -> token) leases held, those no longer valid, with the step's error kind."""
     if not held:
@@ -454,7 +455,6 @@ __all__ = [
     "lease_step",
     "make_steps",
     "release_step",
-    "revoked_lease_states",
     "revoked_leases",
     "start_child",
     "submit_runs",

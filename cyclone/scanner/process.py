@@ -23,11 +23,16 @@ from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import scanner_title, set_title
 from cyclone.supervisor.store import with_options
-from cyclone.worker.process import ChildExit, Wakeup, check_parent, init_process
+from cyclone.worker.process import (
+    CONNECT_TIMEOUT,
+    ChildExit,
+    Wakeup,
+    check_parent,
+    init_process,
+)
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT = 5
 # Scanners started together (a fleet rebooted at once) spread out over this first pause.
 START_STAGGER = 1.0
 # Each pause is the interval give or take this share, so scanners on many hosts drift apart.

@@ -2,7 +2,8 @@
 
 A block starts with `-- name: entity_verb` and runs to the next such line. Runtime code refers
 to statements by name only (`QUERIES["step_lease"]`), so the SQL can be read, reviewed and
-explained in one place.
+explained in one place. A block whose name starts with `_` is a fragment, not a statement: a
+line `-- include: _name` in another block is replaced by it, so shared SQL is written once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from importlib import resources
 from typing import LiteralString, cast
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 
 
 def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
@@ -32,7 +34,23 @@ def _load() -> dict[str, LiteralString]:
                 if name in found:
                     raise ValueError(f"{entry.name}: query {name!r} is defined twice")
                 found[name] = body
-    return cast(dict[str, LiteralString], found)
+    return cast(dict[str, LiteralString], resolve_includes(found))
+
+
+def resolve_includes(blocks: dict[str, str]) -> dict[str, str]:
+    """Statements with their `-- include:` lines replaced; fragments themselves left out."""
+
+    def expand(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if not name.startswith("_") or name not in blocks:
+            raise ValueError(f"-- include: {name}: no such fragment (fragments start with _)")
+        return blocks[name]
+
+    return {
+        name: _INCLUDE.sub(expand, body)
+        for name, body in blocks.items()
+        if not name.startswith("_")
+    }
 
 
 QUERIES: dict[str, LiteralString] = _load()

@@ -29,14 +29,17 @@ SELECT s.run_id, s.workflow, s.node, 'map', i.idx, i.item::jsonb, 'available', s
  WHERE s.id = %(step_id)s
 ON CONFLICT DO NOTHING;
 
--- name: step_lease
--- Lease the oldest due step of a running run, skipping rows other workers hold. The run's
--- columns come along from the candidate scan, so the run is read once.
-WITH candidate AS (
+-- name: _lease_next
+-- A fragment (see cyclone/sql/__init__.py): lease the oldest due step of a running run,
+-- skipping rows other workers hold, once the `done` CTE before it produced a row. The run's
+-- columns come along from the candidate scan, so the run is read once. With `lease` false
+-- the candidate scan is not run at all (a completion that leases nothing next). One row comes
+-- back either way: `completed` counts `done`, the lease columns are NULL when none was taken.
+candidate AS (
     SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
       FROM cyclone_steps s
       JOIN cyclone_runs r ON r.id = s.run_id
-     WHERE s.state = 'available'
+     WHERE %(lease)s::boolean AND s.state = 'available'
        AND s.available_at <= coalesce(%(now)s::timestamptz, now())
        AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
        AND r.state = 'running'
@@ -44,21 +47,31 @@ WITH candidate AS (
      ORDER BY s.available_at, s.id
      LIMIT 1
        FOR UPDATE OF s SKIP LOCKED
+), leased AS (
+    UPDATE cyclone_steps s
+       SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
+           lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                              + make_interval(secs => %(ttl)s),
+           leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
+      FROM candidate
+     WHERE s.id = candidate.id
+       AND EXISTS (SELECT 1 FROM done)
+ RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
+           s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
+           candidate.graph_hash, candidate.parent_run_id::text,
+           extract(epoch FROM least(s.timeout, candidate.deadline_at
+                                               - coalesce(%(now)s::timestamptz, now())))::float8
+               AS kill_after,
+           extract(epoch FROM candidate.deadline_at
+                              - coalesce(%(now)s::timestamptz, now()))::float8 AS deadline_left
 )
-UPDATE cyclone_steps s
-   SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
-       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(ttl)s),
-       leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
-  FROM candidate
- WHERE s.id = candidate.id
-RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
-          s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
-          candidate.graph_hash, candidate.parent_run_id::text,
-          extract(epoch FROM least(s.timeout, candidate.deadline_at
-                                              - coalesce(%(now)s::timestamptz, now())))::float8
-              AS kill_after,
-          extract(epoch FROM candidate.deadline_at - coalesce(%(now)s::timestamptz, now()))::float8
-              AS deadline_left;
+SELECT (SELECT count(*) FROM done) AS completed, leased.*
+  FROM (SELECT 1) AS one LEFT JOIN leased ON true;
+
+-- name: step_lease
+-- Lease the oldest due step (the fragment, with nothing to complete first).
+WITH done AS (SELECT 1),
+-- include: _lease_next
 
 -- name: step_heartbeat
 UPDATE cyclone_steps
@@ -85,7 +98,8 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- alone, so its steps can be made without reading anything else of the run. It takes no run
 -- lock (the one thing that made chains slower than a bare queue): the fenced update is what
 -- makes the completion happen once, and a run ended concurrently (cancel, failure, deadline)
--- catches the steps inserted here with steps_settle_late, run after it ended the run. No
+-- catches the steps inserted here with steps_settle_late, run after it ended the run. The
+-- next due step is leased in the same statement when `lease` is true: one commit per step. No
 -- ON CONFLICT: the fence lets only one completion through, and the unique index still guards.
 WITH done AS (
     UPDATE cyclone_steps s
@@ -107,12 +121,13 @@ WITH done AS (
       FROM done,
            jsonb_to_recordset(%(next)s::jsonb)
            AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
-)
-SELECT count(*) AS completed FROM done;
+),
+-- include: _lease_next
 
 -- name: step_complete_last
 -- The run's only sink completes: every other node is its ancestor and so already complete,
--- and the run completes with this step's output, in one statement.
+-- and the run completes with this step's output, in one statement (leasing the next due
+-- step too when `lease` is true).
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
 ), done AS (
@@ -130,118 +145,8 @@ WITH run AS (
            paused_at = NULL, output = jsonb_build_object(done.node, done.output)
       FROM done
      WHERE r.id = done.run_id AND r.state IN ('running', 'paused')
-)
-SELECT count(*) AS completed FROM done;
-
--- name: step_complete_chain_lease
--- step_complete_chain, and the next due step leased in the same statement: one commit per
--- step. The lease only happens when the completion did (a stale worker leases nothing).
-WITH done AS (
-    UPDATE cyclone_steps s
-       SET state = 'completed', output = %(output)s::jsonb,
-           completed_at = coalesce(%(now)s::timestamptz, now()),
-           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
-     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
- RETURNING s.run_id, s.workflow
-), next AS (
-    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at, gated_at)
-    SELECT done.run_id, done.workflow, n.node, n.kind,
-           CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
-           n.max_attempts, make_interval(secs => n.timeout), n.signal,
-           coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now())
-      FROM done,
-           jsonb_to_recordset(%(next)s::jsonb)
-           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
-), candidate AS (
-    SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
-      FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
-     WHERE s.state = 'available'
-       AND s.available_at <= coalesce(%(now)s::timestamptz, now())
-       AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
-       AND r.state = 'running'
-       AND (r.deadline_at IS NULL OR r.deadline_at > coalesce(%(now)s::timestamptz, now()))
-     ORDER BY s.available_at, s.id
-     LIMIT 1
-       FOR UPDATE OF s SKIP LOCKED
-), leased AS (
-    UPDATE cyclone_steps s
-       SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
-           lease_expires_at = coalesce(%(now)s::timestamptz, now())
-                              + make_interval(secs => %(ttl)s),
-           leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
-      FROM candidate
-     WHERE s.id = candidate.id
-       AND EXISTS (SELECT 1 FROM done)
- RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
-           s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
-           candidate.graph_hash, candidate.parent_run_id::text,
-           extract(epoch FROM least(s.timeout, candidate.deadline_at
-                                               - coalesce(%(now)s::timestamptz, now())))::float8
-               AS kill_after,
-           extract(epoch FROM candidate.deadline_at
-                              - coalesce(%(now)s::timestamptz, now()))::float8 AS deadline_left
-)
-SELECT (SELECT count(*) FROM done) AS completed, leased.*
-  FROM (SELECT 1) AS one LEFT JOIN leased ON true;
-
-
--- name: step_complete_last_lease
--- step_complete_last, and the next due step leased in the same statement.
-WITH run AS (
-    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
-), done AS (
-    UPDATE cyclone_steps s
-       SET state = 'completed', output = %(output)s::jsonb,
-           completed_at = coalesce(%(now)s::timestamptz, now()),
-           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
-      FROM run
-     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s AND s.state = 'running'
-       AND s.run_id = run.id
- RETURNING s.run_id, s.node, s.output
-), finished AS (
-    UPDATE cyclone_runs r
-       SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
-           paused_at = NULL, output = jsonb_build_object(done.node, done.output)
-      FROM done
-     WHERE r.id = done.run_id AND r.state IN ('running', 'paused')
-), candidate AS (
-    SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
-      FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
-     WHERE s.state = 'available'
-       AND s.available_at <= coalesce(%(now)s::timestamptz, now())
-       AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
-       AND r.state = 'running'
-       AND (r.deadline_at IS NULL OR r.deadline_at > coalesce(%(now)s::timestamptz, now()))
-     ORDER BY s.available_at, s.id
-     LIMIT 1
-       FOR UPDATE OF s SKIP LOCKED
-), leased AS (
-    UPDATE cyclone_steps s
-       SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
-           lease_expires_at = coalesce(%(now)s::timestamptz, now())
-                              + make_interval(secs => %(ttl)s),
-           leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
-      FROM candidate
-     WHERE s.id = candidate.id
-       AND EXISTS (SELECT 1 FROM done)
- RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
-           s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
-           candidate.graph_hash, candidate.parent_run_id::text,
-           extract(epoch FROM least(s.timeout, candidate.deadline_at
-                                               - coalesce(%(now)s::timestamptz, now())))::float8
-               AS kill_after,
-           extract(epoch FROM candidate.deadline_at
-                              - coalesce(%(now)s::timestamptz, now()))::float8 AS deadline_left
-)
-SELECT (SELECT count(*) FROM done) AS completed, leased.*
-  FROM (SELECT 1) AS one LEFT JOIN leased ON true;
-
+),
+-- include: _lease_next
 
 -- name: step_fail
 -- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.

@@ -20,14 +20,16 @@ from cyclone.engine.steps import Lease
 from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import set_title, worker_title
-from cyclone.worker.process import ChildExit, Wakeup, check_parent, init_process
+from cyclone.worker.process import (
+    CONNECT_TIMEOUT,
+    ChildExit,
+    Wakeup,
+    check_parent,
+    init_process,
+)
 from cyclone.workflow import Registry
 
 log = logging.getLogger(__name__)
-
-# Bounds on how long the worker's own database calls may hang, so that a dead network turns
-# into an error it can act on (stop before its lease expires) rather than a silent stall.
-CONNECT_TIMEOUT = 5
 
 
 @dataclass(frozen=True, slots=True)

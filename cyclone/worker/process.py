@@ -17,6 +17,9 @@ import sys
 from cyclone.supervisor.channel import ExitCode
 
 PR_SET_PDEATHSIG = 1
+# How long a child waits to connect, so that a dead network turns into an error it can act on
+# (back off, or stop before its lease expires) rather than a silent stall.
+CONNECT_TIMEOUT = 5
 
 
 class ChildExit(Exception):
