@@ -8,6 +8,7 @@ thread while it heartbeats; the test harness calls both in-process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import traceback
 from collections.abc import Sequence
@@ -176,8 +177,14 @@ async def _run_async(fn: Any, ctx: StepContext) -> Any:
     task = asyncio.ensure_future(fn(ctx))
     done = ctx.done
     if isinstance(done, CancelEvent):
-        done.add_callback(lambda: loop.call_soon_threadsafe(task.cancel))
+        done.add_callback(lambda: _cancel_soon(loop, task))
     return await task
+
+
+def _cancel_soon(loop: asyncio.AbstractEventLoop, task: asyncio.Future[Any]) -> None:
+    # Set from another thread, maybe just after the handler returned and its loop closed.
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(task.cancel)
 
 
 def _child_input(node: Any, ctx: StepContext) -> Any:

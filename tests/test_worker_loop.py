@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
@@ -51,13 +52,28 @@ def nap(ctx):
     return "rested"
 
 
+sleepy = cyclone.Workflow("worker-async")
+
+
+@sleepy.task(timeout=timedelta(minutes=1), max_attempts=1)
+async def doze(ctx):
+    loop = asyncio.get_running_loop()
+    # A handler that takes signals for its own loop takes the wakeup fd too, and closing
+    # the loop gives it up: the worker must still hear SIGTERM in the steps that follow.
+    if ctx.input.get("take"):
+        loop.add_signal_handler(signal.SIGWINCH, lambda: None)
+    if ctx.input.get("stay"):
+        await asyncio.sleep(30)
+    return "awake"
+
+
 class Forked:
-    def __init__(self, env, max_steps: int = 0) -> None:
+    def __init__(self, env, max_steps: int = 0, heartbeat: float = 0.2) -> None:
         options = WorkerOptions(
-            number=1, dsn=env.dsn, lease_ttl=3.0, heartbeat_interval=0.2, poll_interval=0.05,
-            max_steps=max_steps,
+            number=1, dsn=env.dsn, lease_ttl=max(3.0, heartbeat * 3),
+            heartbeat_interval=heartbeat, poll_interval=0.05, max_steps=max_steps,
         )  # fmt: skip
-        registry = Registry([pair, patient, slow])
+        registry = Registry([pair, patient, slow, sleepy])
         self.pid, self.fd = OsProcessOps().spawn(
             Worker(options, registry, parent=os.getpid()).run, close_fds=[]
         )
@@ -97,11 +113,11 @@ class Forked:
 
 @pytest.fixture
 def forked(env):
-    env.register(pair, patient, slow)
+    env.register(pair, patient, slow, sleepy)
     started: list[Forked] = []
 
-    def start(max_steps: int = 0) -> Forked:
-        started.append(Forked(env, max_steps))
+    def start(max_steps: int = 0, heartbeat: float = 0.2) -> Forked:
+        started.append(Forked(env, max_steps, heartbeat))
         return started[-1]
 
     yield start
@@ -136,12 +152,24 @@ def test_an_idle_worker_says_so_once_and_leaves_on_sigusr1(forked) -> None:
 
 def test_sigterm_sets_ctx_done_and_the_worker_leaves_without_recording(env, forked) -> None:
     run_id = env.client.submit(patient, {})
-    worker = forked()
+    worker = forked(heartbeat=30)  # the signal itself wakes the keeper, not a heartbeat
     worker.read_until("leased")
     os.kill(worker.pid, signal.SIGTERM)
     assert worker.wait_exit(5) == ExitStatus(code=ExitCode.STOPPED)
     (step,) = env.client.steps(run_id)
     assert step.state == StepState.RUNNING  # the supervisor writes the outcome, not the worker
+
+
+def test_sigterm_cancels_an_async_handler_even_after_one_took_the_wakeup_fd(env, forked):
+    first = env.client.submit(sleepy, {"take": True})
+    worker = forked(heartbeat=30)  # no heartbeat wakes the keeper by chance
+    assert worker.read_until("done").outcome == "completed"
+    assert env.client.get_run(first).state == RunState.COMPLETED
+    second = env.client.submit(sleepy, {"stay": True})
+    assert worker.read_until("leased").run_id == second
+    os.kill(worker.pid, signal.SIGTERM)
+    # Well inside the handler's 30 s sleep: its task was cancelled through ctx.done.
+    assert worker.wait_exit(5) == ExitStatus(code=ExitCode.STOPPED)
 
 
 def test_sigusr1_lets_the_running_step_finish_and_be_recorded(env, forked) -> None:

@@ -20,10 +20,12 @@ and lines from one worker never interleave.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 # A longer line is garbage (or an attack on the supervisor's memory): it is dropped.
 MAX_LINE = 4096
@@ -39,6 +41,18 @@ class ExitCode(IntEnum):
     RECYCLE = 5  # ran max_steps_per_worker steps and wants a fresh process
     STOPPED = 6  # left its step when asked (SIGTERM); the supervisor records the outcome
     ORPHANED = 7  # its supervisor is gone
+
+
+def leave(code: int) -> NoReturn:
+    """End a child now, from any of its threads, without running what belongs to the parent
+    (atexit handlers, finalizers: rq's work horse does the same); whatever the child's main
+    thread was running dies with it."""
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 @dataclass(frozen=True, slots=True)

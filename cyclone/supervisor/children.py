@@ -14,7 +14,6 @@ import gc
 import logging
 import os
 import signal
-import sys
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,7 @@ from typing import Protocol
 
 from cyclone.states import ErrorKind
 from cyclone.supervisor import channel
-from cyclone.supervisor.channel import ExitCode, LineBuffer
+from cyclone.supervisor.channel import ExitCode, LineBuffer, leave
 
 log = logging.getLogger(__name__)
 
@@ -244,14 +243,7 @@ class OsProcessOps:
         except BaseException:
             traceback.print_exc()
         finally:
-            # A child never returns into the supervisor's code, and leaves without running
-            # atexit handlers or finalizers that belong to the parent (rq's work horse).
-            try:
-                logging.shutdown()
-                sys.stdout.flush()
-                sys.stderr.flush()
-            finally:
-                os._exit(code)
+            leave(code)  # a child never returns into the supervisor's code
 
     def signal(self, pid: int, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,8 @@
 """The worker process: one step at a time, every write fenced by its lease.
 
 Forked by the supervisor, it opens its own connection, joins its own process group and dies
-with its parent. It runs the handler in a thread and keeps the main thread for the lease:
+with its parent. It runs the handler in its main thread; a keeper thread (keeper.py) renews
+the lease meanwhile and relays a stop to `ctx.done`:
 
                        nothing due: sleep poll_interval
                          +-------+

@@ -6,8 +6,8 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from cyclone.engine.steps import Lease
 from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import set_title, worker_title
+from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.worker.process import (
     CONNECT_TIMEOUT,
     ChildExit,
@@ -56,6 +57,8 @@ class Worker:
         self.conn: psycopg.Connection[Any] | None = None
         self.unsent: channel.Done | None = None  # sent with the next lease's line
         self.name = ""
+        # Set by the keeper when a signal arrives: wakes the idle main thread.
+        self.nudge = threading.Event()
 
     # --- process ------------------------------------------------------------------------------
 
@@ -73,10 +76,15 @@ class Worker:
             except psycopg.Error as exc:
                 log.error("worker %d cannot connect: %s", self.options.number, exc)
                 return ExitCode.BOOT_ERROR
+            self.keeper = LeaseKeeper(
+                db=self.db, channel=self.channel, wakeup=self.wakeup,
+                lease_ttl=self.options.lease_ttl,
+                heartbeat_interval=self.options.heartbeat_interval,
+                on_signal=self._on_signal_seen, stopping=lambda: self.stop_requested,
+                parent=self.parent,
+            )  # fmt: skip
+            self.keeper.start()
             self.channel.send(channel.Ready())
-            # Never shut down: a handler still running when we leave dies with the process
-            # (os._exit), instead of holding the exit up as a `with` block would.
-            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handler")
             return self.loop()
         except ChildExit as exc:
             return exc.code
@@ -88,6 +96,15 @@ class Worker:
 
     def _on_retire(self, signum: int, frame: object) -> None:
         self.retire_requested = True
+
+    def _on_signal_seen(self, signum: int) -> None:
+        # In the keeper thread, maybe before the main thread's handler above has run (it runs
+        # only between bytecodes): record here too, then wake the main thread if it idles.
+        if signum == signal.SIGTERM:
+            self.stop_requested = True
+        elif signum == signal.SIGUSR1:
+            self.retire_requested = True
+        self.nudge.set()
 
     def connect(self) -> psycopg.Connection[Any]:
         keepalive = max(int(self.options.heartbeat_interval), 1)
@@ -113,7 +130,8 @@ class Worker:
                     self.channel.send(channel.Idle())
                     set_title(worker_title(self.options.number))
                     self.idle_reported = True
-                self.wakeup.wait(self.options.poll_interval)
+                self.nudge.wait(self.options.poll_interval)
+                self.nudge.clear()
                 continue
             self.idle_reported = False
             lease = self.run_step(lease)
@@ -167,10 +185,12 @@ class Worker:
             attempt=lease.attempt,
         ))  # fmt: skip
         done = CancelEvent()
-        future = self.pool.submit(runner.execute, self.db(), self.registry, lease, done=done)
-        future.add_done_callback(self.wakeup.poke)
-        renewed_at = self.supervise(lease, future, done, leased_at)
-        outcome = future.result()
+        self.keeper.hold(lease, done, leased_at)
+        try:
+            outcome = runner.execute(self.db(), self.registry, lease, done=done)
+        finally:
+            renewed_at = self.keeper.release()
+            self.wakeup.reclaim()
         if self.stop_requested:
             # The supervisor stopped this attempt and writes its outcome once we are gone.
             raise ChildExit(ExitCode.STOPPED)
@@ -203,47 +223,6 @@ class Worker:
             deadline_left=None if lease.deadline_left is None else lease.deadline_left - spent,
         ))  # fmt: skip
 
-    def supervise(
-        self, lease: Lease, future: Future[runner.Outcome], done: CancelEvent, renewed_at: float
-    ) -> float:
-        """Heartbeat until the handler returns; returns when the lease was last renewed."""
-        next_beat = renewed_at + self.options.heartbeat_interval
-        while not future.done():
-            self.wakeup.wait(next_beat - time.monotonic())
-            check_parent(self.parent)
-            if self.stop_requested and not done.is_set():
-                done.set()  # a cooperative handler stops; the supervisor kills the rest
-            if time.monotonic() >= next_beat and not future.done():
-                renewed_at = self.renew(lease, done, renewed_at)
-                next_beat = time.monotonic() + self.options.heartbeat_interval
-        return renewed_at
-
-    def renew(self, lease: Lease, done: CancelEvent, renewed_at: float) -> float:
-        try:
-            held = engine.heartbeat(
-                self.db(), lease.step_id, lease.token, lease_ttl=self.options.lease_ttl
-            )
-        except psycopg.OperationalError as exc:
-            self.check_trust(lease, done, renewed_at, exc)
-            return renewed_at
-        if not held:
-            # Revoked (cancel, deadline) or reclaimed: whatever the handler returns is void.
-            log.warning("step %d: lease lost while running", lease.step_id)
-            done.set()
-            raise ChildExit(ExitCode.LEASE_LOST)
-        self.channel.send(channel.Beat())
-        return time.monotonic()
-
-    def check_trust(
-        self, lease: Lease, done: CancelEvent, renewed_at: float, exc: Exception
-    ) -> None:
-        """Stop before the lease can expire unrenewed: never act on stale authority."""
-        left = renewed_at + self.options.lease_ttl - time.monotonic()
-        log.warning("step %d: cannot renew the lease (%.1fs left): %s", lease.step_id, left, exc)
-        if left <= self.options.heartbeat_interval:
-            done.set()
-            raise ChildExit(ExitCode.LEASE_LOST)
-
     def record(
         self, lease: Lease, outcome: runner.Outcome, renewed_at: float
     ) -> tuple[bool, Lease | None]:
@@ -255,12 +234,17 @@ class Worker:
                     lease_ttl=self.options.lease_ttl,
                 )  # fmt: skip
             except psycopg.OperationalError as exc:
-                self.check_trust(lease, CancelEvent(), renewed_at, exc)
+                self.check_trust(lease, renewed_at, exc)
         while True:
             try:
                 return runner.record(self.db(), lease, outcome), None
             except psycopg.OperationalError as exc:
                 # A write that committed before the connection broke reads as lost on retry,
                 # which is right: the fenced write cannot happen twice.
-                self.check_trust(lease, CancelEvent(), renewed_at, exc)
-                self.wakeup.wait(min(1.0, self.options.heartbeat_interval))
+                self.check_trust(lease, renewed_at, exc)
+                self.nudge.wait(min(1.0, self.options.heartbeat_interval))
+
+    def check_trust(self, lease: Lease, renewed_at: float, exc: Exception) -> None:
+        ttl, beat = self.options.lease_ttl, self.options.heartbeat_interval
+        if not may_go_on(lease, renewed_at, ttl, beat, exc):
+            raise ChildExit(ExitCode.LEASE_LOST)

@@ -53,12 +53,16 @@ def die_with_parent(expected_parent: int) -> None:
 
 
 def check_parent(expected_parent: int) -> None:
-    if os.getppid() != expected_parent:
+    if orphaned(expected_parent):
         raise ChildExit(ExitCode.ORPHANED)
 
 
+def orphaned(expected_parent: int) -> bool:
+    return os.getppid() != expected_parent
+
+
 class Wakeup:
-    """A self-pipe the child waits on: fed by signals (set_wakeup_fd) and by its own threads.
+    """A self-pipe the child waits on, fed by signals (set_wakeup_fd).
 
     Waiting on a pipe instead of a threading.Event keeps signal handlers free of locks: a
     handler that takes a lock the interrupted code holds deadlocks the process.
@@ -70,14 +74,18 @@ class Wakeup:
         os.set_blocking(self.write_fd, False)
         signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
 
-    def poke(self, *_: object) -> None:
-        with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
-            os.write(self.write_fd, b"!")
+    def reclaim(self) -> None:
+        """Feed the pipe again if code run in the main thread (an asyncio loop's signal
+        handling, say) took the wakeup fd for itself."""
+        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bytes:
+        """Wait until a signal arrives or `timeout` passes; returns the signals' numbers."""
         select.select([self.read_fd], [], [], max(timeout, 0.0))
+        got = b""
         try:
-            while os.read(self.read_fd, 4096):
-                pass
+            while chunk := os.read(self.read_fd, 4096):
+                got += chunk
         except BlockingIOError:
             pass
+        return got
