@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import uuid
 from datetime import timedelta
 
 import psycopg
@@ -12,26 +13,22 @@ import pytest
 import cyclone
 from cyclone.db import connect
 from cyclone.migrate import latest_version, migrate
-from cyclone.sql import QUERIES, parse_queries
+from cyclone.sql import QUERIES, migrations, parse_queries
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
 from cyclone.testing import TestEnv
 
 
 def _check_values(conn, table: str, column: str) -> set[str]:
+    """The values the column's domain (text with a CHECK on its list) accepts."""
     rows = conn.execute(
-        "SELECT pg_get_constraintdef(c.oid) AS def FROM pg_constraint c "
-        "JOIN pg_class t ON t.oid = c.conrelid JOIN pg_namespace n ON n.oid = t.relnamespace "
-        "WHERE n.nspname = current_schema() AND t.relname = %s AND c.contype = 'c'",
-        (table,),
+        "SELECT pg_get_constraintdef(k.oid) AS def FROM pg_attribute a "
+        "JOIN pg_constraint k ON k.contypid = a.atttypid "
+        "WHERE a.attrelid = %s::regclass AND a.attname = %s AND k.contype = 'c'",
+        (table, column),
     ).fetchall()
-    # The column's own list is the widest CHECK on it (others test subsets, like terminal states).
-    found = [
-        set(re.findall(r"'([a-z_]+)'::text", row["def"]))
-        for row in rows
-        if re.match(rf"CHECK \(+{column} = ANY", row["def"])
-    ]
-    assert found, f"no CHECK on {table}.{column}"
-    return max(found, key=len)
+    assert len(rows) == 1, f"no CHECK on the type of {table}.{column}"
+    assert re.match(r"CHECK \(+VALUE = ANY", rows[0]["def"]), rows[0]["def"]
+    return set(re.findall(r"'([a-z_]+)'::text", rows[0]["def"]))
 
 
 @pytest.mark.parametrize(
@@ -53,23 +50,46 @@ def test_migrating_twice_applies_nothing_the_second_time(env: TestEnv):
     assert versions == list(range(1, latest_version() + 1))
 
 
-def test_concurrent_migrators_apply_each_migration_once(pg_dsn: str):
-    schema = "cyclone_migrate_race"
+@pytest.fixture
+def scratch_dsn(pg_dsn: str):
+    """A DSN on an empty schema of its own, dropped afterwards."""
+    schema = f"cyclone_scratch_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         admin.execute(f"CREATE SCHEMA {schema}")
-    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options=f"-c search_path={schema}")
+    try:
+        yield psycopg.conninfo.make_conninfo(pg_dsn, options=f"-c search_path={schema}")
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
     results: list[list[int]] = []
-    threads = [threading.Thread(target=lambda: results.append(migrate(dsn))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(migrate(scratch_dsn))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    try:
-        assert sorted(len(r) for r in results) == [0, 0, 0, latest_version()]
-    finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
+    assert sorted(len(r) for r in results) == [0, 0, 0, latest_version()]
+
+
+def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
+    wf = cyclone.Workflow("schema-v2")
+    wf.wait("w")
+    with connect(scratch_dsn) as conn:
+        conn.execute(QUERIES["migration_table_create"])
+        for version, name, sql in migrations()[:2]:
+            conn.execute(sql.encode())
+            conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
+        with cyclone.Client(scratch_dsn) as client:
+            run_id = client.submit(wf, {"kept": True})
+            assert migrate(conn) == [3]
+            assert client.get_run(run_id).state == RunState.RUNNING
+            assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE cyclone_steps SET state = 'running'")
 
 
 def test_a_running_step_must_hold_a_lease_token(env: TestEnv):
@@ -80,6 +100,62 @@ def test_a_running_step_must_hold_a_lease_token(env: TestEnv):
         env.conn.execute("UPDATE cyclone_steps SET state = 'running'")
     with pytest.raises(psycopg.errors.CheckViolation):
         env.conn.execute("UPDATE cyclone_steps SET state = 'completed'")
+
+
+# Each rule of migration 0003's rule functions, broken one at a time on a valid row.
+STEP_BREAKS = [
+    "state = 'running'",  # running without a lease
+    "lease_token = gen_random_uuid()",  # a lease on a step that is not running
+    "state = 'running', lease_token = gen_random_uuid()",  # running without a lease expiry
+    "state = 'completed'",  # ended without completed_at
+    "completed_at = now()",  # completed_at on a step that has not ended
+    "state = 'dead', completed_at = now()",  # dead without saying why
+    "output = '1'",  # output on a step that has not completed
+    "attempt = -1",
+    "max_attempts = 0",
+    "item_index = -1",
+    "state = 'finished'",  # not a step state
+    "kind = 'cron'",  # not a node kind
+    "error_kind = 'oops'",  # not an error kind
+]
+RUN_BREAKS = [
+    "state = 'completed'",  # ended without finished_at
+    "finished_at = now()",  # finished_at on a running run
+    "state = 'paused'",  # paused without paused_at
+    "paused_at = now()",  # paused_at on a running run
+    "output = '1'",  # output on a run that has not completed
+    "parent_run_id = id, deadline_at = now()",  # a child run with a deadline of its own
+    "state = 'done'",  # not a run state
+]
+
+
+@pytest.mark.parametrize(
+    ("table", "change"),
+    [("cyclone_steps", c) for c in STEP_BREAKS] + [("cyclone_runs", c) for c in RUN_BREAKS],
+)
+def test_each_rule_rejects_a_row_that_breaks_it(env: TestEnv, table: str, change: str):
+    wf = cyclone.Workflow("schema-rules")
+    wf.wait("w")
+    run_id = env.client.submit(wf, {})
+    with pytest.raises(psycopg.errors.CheckViolation):
+        env.conn.execute(f"UPDATE {table} SET {change}")
+    assert env.client.get_run(run_id).state == RunState.RUNNING
+    (step,) = env.client.steps(run_id)
+    assert step.state == StepState.WAITING and step.attempt == 0
+
+
+def test_rows_that_keep_every_rule_are_accepted(env: TestEnv):
+    wf = cyclone.Workflow("schema-rules-ok")
+    wf.wait("w")
+    run_id = env.client.submit(wf, {})
+    env.conn.execute(
+        "UPDATE cyclone_steps SET state = 'dead', completed_at = now(), error_kind = 'max_wait'"
+    )
+    env.conn.execute("UPDATE cyclone_runs SET state = 'paused', paused_at = now()")
+    env.conn.execute(
+        "UPDATE cyclone_runs SET state = 'failed', paused_at = NULL, finished_at = now()"
+    )
+    assert env.client.get_run(run_id).state == RunState.FAILED
 
 
 def test_every_named_query_is_unique_and_nonempty():

@@ -36,6 +36,10 @@ from cyclone.workflow import Registry
 log = logging.getLogger(__name__)
 # The longest a tick waits while only worker messages arrive (see Supervisor.wait).
 TICK_EVERY = 0.1
+# After a wake-up that brought worker messages, let the next ones pile up this long before
+# looking again (never past a due timer): busy workers then cost one wake-up per batch,
+# not one per step. A signal or notification waits at most this long too.
+COALESCE = 0.005
 
 # A broken LISTEN connection is re-opened at most this often; polling covers the gap.
 LISTEN_RETRY = 5.0
@@ -105,6 +109,7 @@ class Supervisor:
         self.load_workflows = load_workflows
         self.pending_signals: list[int] = []
         self.last_tick = 0.0
+        self.coalesce_until = 0.0
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
         self.next_listen_at = 0.0
@@ -179,6 +184,9 @@ class Supervisor:
         """Wait for the next event; True when the tick has work (a timer, signal or exit)."""
         now = time.monotonic()
         wake = min(self.arbiter.next_wakeup(), max(self.presence.next_at(), now + MIN_GAP))
+        if self.coalesce_until > now:
+            time.sleep(min(self.coalesce_until, wake) - now)
+            now = time.monotonic()
         tick = False
         for key, _ in self.selector.select(max(0.0, wake - now)):
             if key.data == _WAKEUP:
@@ -193,6 +201,7 @@ class Supervisor:
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
                 self.presence.mark_changed()
+                self.coalesce_until = time.monotonic() + COALESCE
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
             self.arbiter.handle_signal(signum)
