@@ -31,10 +31,13 @@ waits.wait("approval", signal="approved", max_wait=timedelta(minutes=5))
 sleeps = cyclone.Workflow("sweep-sleep")
 sleeps.sleep("nap", timedelta(minutes=5))
 
+parents = cyclone.Workflow("sweep-parent")
+parents.child("sub", tasks, after=[parents.task(one, name="first")])
+
 
 @pytest.fixture
 def env(env):
-    env.register(tasks, waits, sleeps)
+    env.register(tasks, waits, sleeps, parents)
     return env
 
 
@@ -86,14 +89,22 @@ def test_the_sleep_sweep_wakes_sleeps_that_are_over(env) -> None:
 
 def test_the_retention_sweep_deletes_only_old_finished_runs(env) -> None:
     done = env.client.submit(tasks, {})
+    parent = env.client.submit(parents, {})
     running = env.client.submit(waits, {})
     env.run_until_complete(done)
+    env.run_until_complete(parent)
+    count = "SELECT count(*) AS n FROM cyclone_runs"
+    assert env.conn.execute(count).fetchone()["n"] == 4  # with the parent's child run
     sweep = RetentionSweep(batch_size=10, retention=3600)
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=30)) == 0
-    assert sweep.run_once(env.conn, now=env.now() + timedelta(hours=2)) == 1
-    with pytest.raises(cyclone.RunNotFound):
-        env.client.get_run(done)
+    assert sweep.run_once(env.conn, now=env.now() + timedelta(hours=2)) == 2
+    for gone in (done, parent):
+        with pytest.raises(cyclone.RunNotFound):
+            env.client.get_run(gone)
     assert env.client.get_run(running).state == RunState.RUNNING
+    # Every step went with its run, the child run's too: only the waiting run's step is left.
+    steps = env.conn.execute("SELECT run_id::text AS run_id FROM cyclone_steps").fetchall()
+    assert [s["run_id"] for s in steps] == [running]
 
 
 class Counting(Sweep):

@@ -32,7 +32,7 @@ WITH runs AS (
                 THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(deadline)s)
            END
       FROM unnest(%(ids)s::uuid[], %(inputs)s::text[]) AS v (id, input)
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id
 ), roots AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
