@@ -1,13 +1,14 @@
 """The real supervisor end to end: throughput, kill latency and memory. Prints figures.
 
-    python bench/runtime.py [--steps 20000] [--workers 4,8] [--kills 50] [--memory 1000,10000]
-                            [--respawns 1000,10000] [--only throughput,kills,memory,respawns]
-                            [--only throughput,kills,memory] [--dsn DSN]
+    python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
+                            [--memory 1000,10000] [--respawns 1000,10000]
+                            [--only throughput,kills,memory,respawns] [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the last run completed (polled every
   20 ms). The minimal baseline loop of bench/engine.py runs on the same server in the same run,
-  with the same N forked processes, and the ratio is supervisor / baseline.
+  with the same N forked processes, and the ratio is supervisor / baseline. `--reps` repeats
+  every config, interleaved, and reports medians.
 * kills: a handler that ignores ctx.done and SIGTERM, killed at its run's deadline, on cancel
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
   + timeout (all on the database clock, which is this host's) to the worker process seen dead
@@ -175,24 +176,51 @@ def scalar(env: TestEnv, sql: str, *params: Any) -> Any:
 # -- throughput ------------------------------------------------------------------------------
 
 
-def throughput(base: str, steps: int, shape: int, workers: int) -> tuple[float, float]:
+def throughput(
+    base: str, steps: int, shape: int, workers: int, baseline_first: bool = True
+) -> tuple[float, float]:
     """(supervisor steps/s, baseline steps/s) on fresh schemas of the same server."""
     runs = steps // shape
-    with TestEnv(dsn=base) as env:
-        baseline_fill(env.conn, shape, runs)
-        env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
-        elapsed, _ = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
-        baseline = runs * shape / elapsed
-    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
-        engine_fill(env, shape, runs)
-        env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
-        sup = Supervisor(env.dsn, Path(tmp), workers)
-        try:
-            wait_completed(env, sup, runs, 0.02, drained=True)
-            elapsed = time.perf_counter() - sup.ready_at
-        finally:
-            sup.stop()
-    return runs * shape / elapsed, baseline
+
+    def baseline() -> float:
+        with TestEnv(dsn=base) as env:
+            baseline_fill(env.conn, shape, runs)
+            env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+            elapsed, _ = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
+        return runs * shape / elapsed
+
+    def supervisor() -> float:
+        with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+            engine_fill(env, shape, runs)
+            env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+            sup = Supervisor(env.dsn, Path(tmp), workers)
+            try:
+                wait_completed(env, sup, runs, 0.02, drained=True)
+                elapsed = time.perf_counter() - sup.ready_at
+            finally:
+                sup.stop()
+        return runs * shape / elapsed
+
+    if baseline_first:
+        rate = baseline()
+        return supervisor(), rate
+    rate = supervisor()
+    return rate, baseline()
+
+
+def throughput_reps(
+    base: str, steps: int, configs: list[tuple[int, int]], reps: int
+) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    """Every config once per rep, reps interleaved and the order of the two alternating, so
+    that a noisy stretch of a shared machine hits both sides alike."""
+    results: dict[tuple[int, int], list[tuple[float, float]]] = {c: [] for c in configs}
+    for rep in range(reps):
+        for shape, n in configs:
+            sup, rate = throughput(base, steps, shape, n, baseline_first=rep % 2 == 0)
+            results[(shape, n)].append((sup, rate))
+            print(f"  rep {rep + 1}/{reps}  {shape}-step N={n}: supervisor {sup:,.0f}/s,"
+                  f" baseline {rate:,.0f}/s, ratio {sup / rate:.2f}", flush=True)  # fmt: skip
+    return results
 
 
 # -- kill latency ----------------------------------------------------------------------------
@@ -342,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20000)
     p.add_argument("--workers", default="4,8")
+    p.add_argument("--reps", type=int, default=3, help="throughput repetitions (default 3)")
     p.add_argument("--kills", type=int, default=50)
     p.add_argument("--memory", default="1000,10000")
     p.add_argument("--respawns", default="1000,10000")
@@ -359,12 +388,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nThroughput, {args.steps} no-op steps per config (supervisor: READY=1 to last run)"
         )
-        print(f"{'workflow':>9} {'workers':>7} {'supervisor':>12} {'baseline':>10} {'ratio':>6}")
-        for shape in (1, 5):
-            for n in (int(w) for w in args.workers.split(",")):
-                sup, base_rate = throughput(base, args.steps, shape, n)
-                print(f"{shape:>4}-step {n:>7} {sup:>8,.0f}/s {base_rate:>8,.0f}/s"
-                      f" {sup / base_rate:>6.2f}", flush=True)  # fmt: skip
+        configs = [(shape, int(n)) for shape in (1, 5) for n in args.workers.split(",")]
+        results = throughput_reps(base, args.steps, configs, args.reps)
+        print(f"\nMedians over {args.reps} reps; ratio: median of the per-rep ratios (min-max)")
+        print(f"{'workflow':>9} {'workers':>7} {'supervisor':>12} {'baseline':>10} {'ratio':>17}")
+        for (shape, n), pairs in results.items():
+            ratios = [s / b for s, b in pairs]
+            print(f"{shape:>4}-step {n:>7} {statistics.median(s for s, _ in pairs):>8,.0f}/s"
+                  f" {statistics.median(b for _, b in pairs):>8,.0f}/s"
+                  f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+                  flush=True)  # fmt: skip
     if "kills" in only:
         print(
             f"\nKill latency, {args.kills}+ kills each, 4 workers, kill_grace 200ms,"
