@@ -140,10 +140,15 @@ def _names(cls: type[Any]) -> tuple[str, ...]:
 _FIELDS: dict[type[Any], tuple[str, ...]] = {}
 
 
+# Built once: encoding and decoding are on every step's path, at both ends of the pipe.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_DECODER = json.JSONDecoder()
+
+
 def encode(message: Message) -> bytes:
     # Flat messages: a dict of the fields, without asdict's deep copy.
     data = {name: getattr(message, name) for name in _names(type(message))}
-    body = json.dumps(data, separators=(",", ":")) if data else ""
+    body = _ENCODER.encode(data) if data else ""
     line = f"{message.verb} {body}".rstrip() + "\n"
     raw = line.encode()
     if len(raw) > MAX_LINE:
@@ -158,10 +163,13 @@ def decode(line: bytes) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown verb {verb!r}")
     try:
-        data = json.loads(body) if body else {}
-        names = _names(cls)
-        return cls(**{k: v for k, v in data.items() if k in names})
-    except (ValueError, TypeError) as exc:
+        data = _DECODER.decode(body) if body else {}
+        try:
+            return cls(**data)
+        except TypeError:  # fields this version does not know (or garbage): keep ours
+            names = _names(cls)
+            return cls(**{k: v for k, v in data.items() if k in names})
+    except (ValueError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"bad {verb} message: {exc}") from None
 
 

@@ -44,6 +44,7 @@ class Metrics:
     def __init__(self, connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.children: dict[int, WorkerHandle] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}  # labelled children, see _child
         r = self.registry
         self.leases = Counter("cyclone_leases", "Steps leased", ["workflow", "node"], registry=r)
         self.steps = Counter(
@@ -79,12 +80,21 @@ class Metrics:
         self.children = children
 
     def leased(self, lease: HeldLease) -> None:
-        self.leases.labels(lease.workflow, lease.node).inc()
+        self._child(self.leases, lease.workflow, lease.node).inc()
 
     def finished(self, lease: HeldLease, outcome: str, duration: float | None) -> None:
-        self.steps.labels(lease.workflow, lease.node, outcome).inc()
+        self._child(self.steps, lease.workflow, lease.node, outcome).inc()
         if duration is not None:
-            self.durations.labels(lease.workflow, lease.node).observe(duration)
+            self._child(self.durations, lease.workflow, lease.node).observe(duration)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        # `labels()` costs microseconds (validation, a lock); twice a step it added up. The
+        # label values are bounded (workflows and nodes the supervisor loaded), so is this.
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def killed(self, reason: KillReason) -> None:
         self.kills.labels(str(reason)).inc()

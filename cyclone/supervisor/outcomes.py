@@ -35,6 +35,8 @@ def format_elapsed(seconds: float) -> str:
 
 def log_outcome(lease: HeldLease, done: channel.Done) -> None:
     """One INFO line per step outcome a worker reports: what the demo shows scrolling by."""
+    if not log.isEnabledFor(logging.INFO):
+        return  # a busy supervisor logging at WARNING should not format lines it drops
     took = format_elapsed(done.duration)
     if done.outcome == "completed":
         log.info("%s completed in %s", step_label(lease), took, extra={"action": "step"})
