@@ -194,7 +194,7 @@ def test_hot_queries_use_their_partial_indexes_on_a_large_table(env: TestEnv):
     deadlines = _plan(env.conn, "run_fail_deadline_passed", {"batch_size": 500, "now": now})
     assert "cyclone_runs_deadline_idx" in deadlines
     leases = _plan(env.conn, "lease_reclaim_expired", {"batch_size": 500, "now": now})
-    assert "cyclone_steps_lease_idx" in leases
+    assert "cyclone_steps_running_idx" in leases
 
 
 def test_connect_gives_autocommit_dict_rows(env: TestEnv):

@@ -2,8 +2,9 @@
 -- token it holds; when the lease was revoked or reclaimed, it matches no row and changes nothing.
 -- The fence is `id` and `lease_token` alone: a token is set only while the step is running (a
 -- CHECK says so), and leaving `state = 'running'` out keeps the generic plan on the primary
--- key. With it, the planner may pick the partial lease index and walk every dead entry that
--- completed steps left in it since the last vacuum (91 buffers per completion, measured).
+-- key. With it, the planner once picked a partial index of running steps instead and walked
+-- every dead entry completed steps had left in it since the last vacuum (91 buffers per
+-- completion, measured).
 
 -- name: step_insert
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).

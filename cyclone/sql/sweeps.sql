@@ -36,6 +36,7 @@ SELECT (SELECT coalesce(array_agg(id), '{}') FROM failed) AS run_ids,
 -- name: lease_reclaim_expired
 -- Leases nobody renewed: the holder's host is gone. Retried as lease_expired, or dead-lettered
 -- when it was the last attempt. Keyed on lease expiry only, never on how long a step has run.
+-- It reads every running step (cyclone_steps_running_idx): one per worker at most.
 WITH due AS (
     SELECT id, run_id FROM cyclone_steps
      WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())

@@ -15,6 +15,12 @@
 -- 3. The unique index on a step's node instance now indexes columns only (NULLS NOT
 --    DISTINCT, PostgreSQL 15), not an expression to evaluate on every write.
 -- 4. The idempotency key's unique index skips the runs without a key (most of them).
+-- 5. Running steps are indexed by id, not by lease expiry. Every lease inserted a timestamp at
+--    the right edge of the old index, where all workers met (dropping it made the engine 10%
+--    faster with 8 workers; the id index costs a third of that). The expired-lease sweep reads
+--    all running steps, at most one per worker in the fleet, so it still grows with the work
+--    in flight, never with the table. And a heartbeat no longer changes an indexed column, so
+--    PostgreSQL can apply it in place (a HOT update).
 
 CREATE DOMAIN cyclone_run_state AS text
     CHECK (VALUE IN ('running', 'paused', 'completed', 'failed', 'cancelled'));
@@ -98,6 +104,9 @@ DROP INDEX cyclone_steps_node_idx;
 -- column also serves every lookup of a run's steps.
 CREATE UNIQUE INDEX cyclone_steps_node_idx
     ON cyclone_steps (run_id, node, item_index) NULLS NOT DISTINCT;
+
+DROP INDEX cyclone_steps_lease_idx;
+CREATE INDEX cyclone_steps_running_idx ON cyclone_steps (id) WHERE state = 'running';
 
 ALTER TABLE cyclone_runs DROP CONSTRAINT cyclone_runs_idempotency_key_key;
 CREATE UNIQUE INDEX cyclone_runs_idempotency_idx ON cyclone_runs (idempotency_key)
