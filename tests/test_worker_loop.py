@@ -58,10 +58,11 @@ sleepy = cyclone.Workflow("worker-async")
 @sleepy.task(timeout=timedelta(minutes=1), max_attempts=1)
 async def doze(ctx):
     loop = asyncio.get_running_loop()
-    # A handler that takes signals for its own loop takes the wakeup fd too, and closing
-    # the loop gives it up: the worker must still hear SIGTERM in the steps that follow.
+    # A handler that takes a signal for its own loop takes the wakeup fd and the signal's
+    # handler too, and closing the loop resets both: the worker must still hear SIGTERM (and
+    # leave as STOPPED, not die of it) in the steps that follow.
     if ctx.input.get("take"):
-        loop.add_signal_handler(signal.SIGWINCH, lambda: None)
+        loop.add_signal_handler(signal.SIGTERM, lambda: None)
     if ctx.input.get("stay"):
         await asyncio.sleep(30)
     return "awake"
@@ -189,6 +190,15 @@ def test_a_worker_whose_lease_is_revoked_stops_at_its_next_heartbeat(env, forked
     worker.read_until("beat")
     env.client.cancel(run_id)
     assert worker.wait_exit(5) == ExitStatus(code=ExitCode.LEASE_LOST)
+
+
+def test_a_worker_whose_supervisor_goes_mid_step_leaves_at_its_next_heartbeat(env, forked):
+    env.client.submit(patient, {})
+    worker = forked()
+    worker.read_until("beat")
+    os.close(worker.fd)  # the keeper's next `beat` finds the pipe closed
+    worker.fd = os.open(os.devnull, os.O_RDONLY)
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.ORPHANED)
 
 
 def test_a_worker_whose_supervisor_is_gone_leaves(env, forked) -> None:

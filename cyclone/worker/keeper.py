@@ -114,6 +114,8 @@ class LeaseKeeper:
                 with self._lock:
                     if self._held is not None:
                         self._tend(self._held)
+        except BrokenPipeError:  # the supervisor is gone (its pipe closed under a Beat)
+            leave(ExitCode.ORPHANED)
         except BaseException:  # a dead keeper would let leases lapse silently
             traceback.print_exc()
             leave(ExitCode.CRASHED)

@@ -67,8 +67,7 @@ class Worker:
         try:
             init_process(self.parent)
             self.wakeup = Wakeup()
-            signal.signal(signal.SIGTERM, self._on_stop)
-            signal.signal(signal.SIGUSR1, self._on_retire)
+            self.install_signals()
             self.name = f"{socket.gethostname()}:{os.getpid()}"
             set_title(worker_title(self.options.number))
             try:
@@ -90,6 +89,14 @@ class Worker:
             return exc.code
         except BrokenPipeError:
             return ExitCode.ORPHANED
+
+    def install_signals(self) -> None:
+        """Ours again, if the handler the main thread just ran took them (an asyncio loop's
+        add_signal_handler does, and resets them when it closes): cheap when nothing changed."""
+        if signal.getsignal(signal.SIGTERM) != self._on_stop:
+            signal.signal(signal.SIGTERM, self._on_stop)
+        if signal.getsignal(signal.SIGUSR1) != self._on_retire:
+            signal.signal(signal.SIGUSR1, self._on_retire)
 
     def _on_stop(self, signum: int, frame: object) -> None:
         self.stop_requested = True  # only record: the loop acts on it
@@ -191,6 +198,7 @@ class Worker:
         finally:
             renewed_at = self.keeper.release()
             self.wakeup.reclaim()
+            self.install_signals()
         if self.stop_requested:
             # The supervisor stopped this attempt and writes its outcome once we are gone.
             raise ChildExit(ExitCode.STOPPED)
@@ -242,6 +250,8 @@ class Worker:
                 # A write that committed before the connection broke reads as lost on retry,
                 # which is right: the fenced write cannot happen twice.
                 self.check_trust(lease, renewed_at, exc)
+                # A nudge left set by a signal would make this wait return at once, every time.
+                self.nudge.clear()
                 self.nudge.wait(min(1.0, self.options.heartbeat_interval))
 
     def check_trust(self, lease: Lease, renewed_at: float, exc: Exception) -> None:
