@@ -28,6 +28,10 @@ def one(ctx):
 waits = cyclone.Workflow("sweep-wait")
 waits.wait("approval", signal="approved", max_wait=timedelta(minutes=5))
 
+twin_waits = cyclone.Workflow("sweep-twin-waits")
+twin_waits.wait("legal", max_wait=timedelta(minutes=5))
+twin_waits.wait("finance", max_wait=timedelta(minutes=5))
+
 sleeps = cyclone.Workflow("sweep-sleep")
 sleeps.sleep("nap", timedelta(minutes=5))
 
@@ -37,7 +41,7 @@ parents.child("sub", tasks, after=[parents.task(one, name="first")])
 
 @pytest.fixture
 def env(env):
-    env.register(tasks, waits, sleeps, parents)
+    env.register(tasks, waits, sleeps, parents, twin_waits)
     return env
 
 
@@ -105,6 +109,15 @@ def test_the_retention_sweep_deletes_only_old_finished_runs(env) -> None:
     # Every step went with its run, the child run's too: only the waiting run's step is left.
     steps = env.conn.execute("SELECT run_id::text AS run_id FROM cyclone_steps").fetchall()
     assert [s["run_id"] for s in steps] == [running]
+
+
+def test_the_max_wait_sweep_counts_failed_runs_not_expired_waits(env) -> None:
+    # It feeds cyclone_scanner_runs_failed_total{reason="max_wait"}.
+    run_id = env.client.submit(twin_waits, {})
+    sweep = MaxWaitSweep(batch_size=10)
+    assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=6)) == 1
+    assert env.client.get_run(run_id).state == RunState.FAILED
+    assert [s.state for s in env.client.steps(run_id)] == [StepState.DEAD, StepState.DEAD]
 
 
 class Counting(Sweep):

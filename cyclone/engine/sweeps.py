@@ -74,7 +74,8 @@ def sweep_expired_leases(
 def sweep_max_wait(
     conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
-    """Dead-letter waits and child nodes parked past their max_wait; returns how many."""
+    """Dead-letter waits and child nodes parked past their max_wait, failing their runs;
+    returns how many runs failed (two waits of one run expiring together fail it once)."""
 
     def tx() -> int:
         with conn.transaction():
@@ -84,9 +85,10 @@ def sweep_max_wait(
             children = [r["child_run_id"] for r in rows if r["child_run_id"] is not None]
             if children:
                 cancel_runs(conn, children, now, notify=False)
-            for run_id in {str(r["run_id"]) for r in rows}:
+            failed = {str(r["run_id"]) for r in rows}
+            for run_id in failed:
                 fail_run(conn, run_id, now)
-            return len(rows)
+            return len(failed)
 
     return retrying(tx)
 
