@@ -84,15 +84,19 @@ UPDATE cyclone_steps
  WHERE id = %(step_id)s AND lease_token = %(token)s
 RETURNING id;
 
+-- name: _completed
+-- What a fenced completion sets, in every statement that completes a step.
+   SET state = 'completed', output = %(output)s::jsonb,
+       completed_at = coalesce(%(now)s::timestamptz, now()),
+       lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+
 -- name: step_complete
 -- Record a result: lock the run first (the order every writer follows), then the fenced step.
 WITH run AS (
     SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
 )
 UPDATE cyclone_steps s
-   SET state = 'completed', output = %(output)s::jsonb,
-       completed_at = coalesce(%(now)s::timestamptz, now()),
-       lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+-- include: _completed
   FROM run
  WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
    AND s.run_id = run.id
@@ -108,9 +112,7 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- ON CONFLICT: the fence lets only one completion through, and the unique index still guards.
 WITH done AS (
     UPDATE cyclone_steps s
-       SET state = 'completed', output = %(output)s::jsonb,
-           completed_at = coalesce(%(now)s::timestamptz, now()),
-           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+-- include: _completed
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
  RETURNING s.run_id, s.workflow
 ), next AS (
@@ -137,9 +139,7 @@ WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
 ), done AS (
     UPDATE cyclone_steps s
-       SET state = 'completed', output = %(output)s::jsonb,
-           completed_at = coalesce(%(now)s::timestamptz, now()),
-           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+-- include: _completed
       FROM run
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
        AND s.run_id = run.id
