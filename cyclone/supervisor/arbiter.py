@@ -185,16 +185,11 @@ class Arbiter:
         """When tick() next has something to do, on the arbiter's clock."""
         now = self.clock()
         times = [now + MAX_TICK]
-        for handle in self.children.values():
-            if handle.kill is not None:
-                # Killed: only the SIGKILL is still to come; then we wait for SIGCHLD.
-                if not handle.kill.hard_sent:
-                    times.append(handle.kill.hard_at)
-            elif handle.lease is not None:
-                times += [t for t in (handle.lease.timeout_at, handle.lease.deadline_at) if t]
-                times.append(self.next_poll)
-        if self.drain_deadline is not None:
-            times.append(self.drain_deadline)
+        kill_at = self.next_kill_at()
+        if kill_at is not None:
+            times.append(kill_at)
+        if any(h.kill is None and h.lease is not None for h in self.children.values()):
+            times.append(self.next_poll)  # a busy worker's lease may be revoked
         if not self.draining and self.missing() > 0:
             times.append(self.next_spawn_at)
         return max(now, min(times))
@@ -209,6 +204,7 @@ class Arbiter:
         times: list[float] = []
         for handle in self.children.values():
             if handle.kill is not None:
+                # Killed: only the SIGKILL is still to come; then we wait for SIGCHLD.
                 if not handle.kill.hard_sent:
                     times.append(handle.kill.hard_at)
             elif handle.lease is not None:
