@@ -29,6 +29,7 @@ def test_leases_outcomes_kills_and_exits_are_counted() -> None:
                           spawned_at=0.0, last_seen=0.0)  # fmt: skip
     metrics.exited(handle, ExitStatus(signal=signal.SIGKILL))
     metrics.exited(handle, ExitStatus(code=5))
+    metrics.exited(handle, ExitStatus(code=42))  # not a protocol code: no label of its own
     text = render(metrics)
     assert 'cyclone_leases_total{node="reserve",workflow="orders"} 1.0' in text
     assert 'cyclone_steps_total{node="reserve",outcome="completed",workflow="orders"} 1.0' in text
@@ -36,6 +37,7 @@ def test_leases_outcomes_kills_and_exits_are_counted() -> None:
     assert 'cyclone_worker_kills_total{reason="timeout"} 1.0' in text
     assert 'cyclone_worker_restarts_total{reason="signal"} 1.0' in text
     assert 'cyclone_worker_restarts_total{reason="recycle"} 1.0' in text
+    assert 'cyclone_worker_restarts_total{reason="exit"} 1.0' in text
 
 
 def test_busy_and_idle_workers_and_active_leases_are_read_at_scrape_time() -> None:

@@ -176,10 +176,7 @@ class Arbiter:
             return
         self.check_revocations()
         self.enforce_deadlines()
-        if self.draining:
-            self.manage_drain()
-        else:
-            self.manage_workers()
+        self.manage_workers()
 
     def next_wakeup(self) -> float:
         """When tick() next has something to do, on the arbiter's clock."""
@@ -513,10 +510,6 @@ class Arbiter:
         for handle in self.children.values():
             if not handle.retiring and handle.kill is None:
                 self.retire(handle)
-        if not self.children:
-            self.finished = True
-
-    def manage_drain(self) -> None:
         if not self.children:
             self.finished = True
 

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cyclone.supervisor.channel import Scanned
+from cyclone.supervisor.channel import ExitCode, Scanned
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
 from cyclone.supervisor.gauges import DatabaseGauges
 
@@ -117,7 +117,11 @@ class Metrics:
         elif status.signal is not None:
             reason = "signal"
         else:
-            reason = status.describe().rpartition("(")[2].rstrip(")") or "exit"
+            # A label from a fixed set: an exit code outside the protocol is just "exit".
+            try:
+                reason = ExitCode(status.code).name.lower()
+            except ValueError:
+                reason = "exit"
         self.restarts.labels(reason).inc()
 
 

@@ -106,9 +106,8 @@ class Listener:
 class DatabaseStore:
     """The arbiter's Store on a real database."""
 
-    def __init__(self, dsn: str, listener: Listener, batch_size: int) -> None:
+    def __init__(self, dsn: str, batch_size: int) -> None:
         self.dsn = dsn
-        self.listener = listener
         self.batch_size = batch_size
 
     def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:

@@ -134,7 +134,7 @@ class Supervisor:
         set_title(supervisor_title())
         ops = OsProcessOps()
         ops.private_fds = self.install_signals()
-        store = DatabaseStore(self.dsn, self.listener, self.settings.scanner.batch_size)
+        store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
             factory=ChildBuilder(self.settings, self.dsn, self.registry),

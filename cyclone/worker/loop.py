@@ -57,6 +57,7 @@ class Worker:
         self.conn: psycopg.Connection[Any] | None = None
         self.unsent: channel.Done | None = None  # sent with the next lease's line
         self.name = ""
+        self.workflows = tuple(registry)  # the names this worker leases for, on every lease
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
 
@@ -168,7 +169,7 @@ class Worker:
     def lease(self) -> Lease | None:
         try:
             return engine.lease_step(
-                self.db(), worker=self.name, workflows=list(self.registry),
+                self.db(), worker=self.name, workflows=self.workflows,
                 lease_ttl=self.options.lease_ttl,
             )  # fmt: skip
         except psycopg.OperationalError as exc:
@@ -186,7 +187,7 @@ class Worker:
     def run_step(self, lease: Lease) -> Lease | None:
         """Run one step and record it; returns the next lease when the record took one."""
         leased_at = time.monotonic()
-        self.report_lease(lease, leased_at)
+        self.report_lease(lease)
         set_title(worker_title(
             self.options.number, workflow=lease.workflow, node=lease.node, run_id=lease.run_id,
             attempt=lease.attempt,
@@ -219,16 +220,14 @@ class Worker:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
         return nxt
 
-    def report_lease(self, lease: Lease, leased_at: float) -> None:
-        # The durations were read on the database clock when the lease was taken; take off
-        # what has passed here since, so the supervisor adds them to its clock correctly.
-        spent = time.monotonic() - leased_at
+    def report_lease(self, lease: Lease) -> None:
+        # The durations were read on the database clock as the lease was taken, just before
+        # this: the supervisor adds them to its own clock as the line arrives.
         before, self.unsent = self.unsent, None
         self.channel.send(*([before] if before else []), channel.Leased(
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
-            kill_after=None if lease.kill_after is None else lease.kill_after - spent,
-            deadline_left=None if lease.deadline_left is None else lease.deadline_left - spent,
+            kill_after=lease.kill_after, deadline_left=lease.deadline_left,
         ))  # fmt: skip
 
     def record(
@@ -238,7 +237,7 @@ class Worker:
             try:
                 # One commit per step: the completion and the next lease travel together.
                 return runner.record_and_lease(
-                    self.db(), lease, outcome, worker=self.name, workflows=list(self.registry),
+                    self.db(), lease, outcome, worker=self.name, workflows=self.workflows,
                     lease_ttl=self.options.lease_ttl,
                 )  # fmt: skip
             except psycopg.OperationalError as exc:
