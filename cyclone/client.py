@@ -19,12 +19,11 @@ from cyclone.engine.graphs import current_graph, register_workflows
 from cyclone.errors import RunNotFound, StepNotFound
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
 from cyclone.sql import QUERIES
+from cyclone.states import MAX_DEADLINE_SECONDS
 from cyclone.workflow import Graph, Workflow
 
 Conn = psycopg.Connection[Any]
 Clock = Callable[[], datetime | None]
-# Far beyond any real run, and far inside what a PostgreSQL interval can hold.
-MAX_DEADLINE_SECONDS = 100 * 365 * 86400
 
 
 def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:

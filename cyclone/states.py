@@ -62,3 +62,6 @@ RETRIED_KINDS = frozenset(
 
 # The exact text the seed page promises for steps killed by a run deadline.
 DEADLINE_ERROR = "run deadline exceeded"
+# The longest run deadline accepted (submit, dlq retry): far beyond any real run, and far
+# inside what a PostgreSQL interval can hold.
+MAX_DEADLINE_SECONDS = 100 * 365 * 86400

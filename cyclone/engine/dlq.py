@@ -28,15 +28,13 @@ from typing import Any
 import psycopg
 
 from cyclone.db import retrying
-from cyclone.engine.advance import RunRef, consume_signal, lock_run
+from cyclone.engine.advance import RunRef, consume_signal, lock_run, node_rows
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.errors import CycloneError, StepNotFound
 from cyclone.sql import QUERIES
-from cyclone.states import NodeKind
+from cyclone.states import MAX_DEADLINE_SECONDS, NodeKind
 
 Conn = psycopg.Connection[Any]
-# As for submit: far beyond any real run, far inside what a PostgreSQL interval holds.
-MAX_DEADLINE_SECONDS = 100 * 365 * 86400
 
 
 class RetryRefused(CycloneError):
@@ -111,11 +109,10 @@ def _redrive(
     ).fetchone()
     ref = RunRef(str(run["id"]), run["workflow"], run["graph_hash"])
     graph = graph_by_hash(conn, ref.graph_hash)
-    specs = list(graph.nodes.values())
-    dues = [s.duration if s.kind == NodeKind.SLEEP else s.max_wait for s in specs]
+    rows = node_rows(list(graph.nodes.values()))
     steps = conn.execute(
         QUERIES["dlq_steps_redrive"],
-        {"run_id": ref.id, "nodes": [s.name for s in specs], "dues": dues, "now": now},
+        {"run_id": ref.id, "nodes": rows["nodes"], "dues": rows["dues"], "now": now},
     ).fetchall()
     # A wait that waits again takes a signal kept for it, as a newly reached wait does.
     for step in steps:

@@ -104,6 +104,3 @@ SELECT id, workflow, paused_at, deadline_at,
 -- name: status_begin
 -- The first statement of a snapshot's transaction: every section sees the same moment.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY;
-
--- name: status_now
-SELECT now() AS now;

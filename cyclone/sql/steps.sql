@@ -253,9 +253,6 @@ UPDATE cyclone_steps s
    AND s.run_id = run.id
 RETURNING s.id;
 
--- name: revoked_listen
-LISTEN cyclone_revoked;
-
 -- name: steps_settle_late
 -- Second pass after runs were ended: steps that a lock-free chain completion inserted while
 -- the first pass ran (its snapshot could not see them) get the same fate as their siblings.

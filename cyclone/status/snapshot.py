@@ -53,7 +53,7 @@ def take_snapshot(conn: psycopg.Connection[Any], *, rows: int = MAX_ROWS) -> Sna
     """Read the status in one repeatable-read transaction, so the sections agree."""
     with conn.transaction():
         conn.execute(QUERIES["status_begin"])
-        now = conn.execute(QUERIES["status_now"]).fetchone()["now"]
+        now = conn.execute(QUERIES["clock_now"]).fetchone()["now"]
         supervisors = _all(conn, "status_supervisors", limit=MAX_SUPERVISORS)
         for sup in supervisors:
             sup["lost"] = sup["seen_ago"] > LOST_AFTER
