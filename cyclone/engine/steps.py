@@ -28,7 +28,7 @@ from cyclone.engine.advance import (
 from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
-from cyclone.workflow import Graph
+from cyclone.workflow import Graph, NodeSpec
 
 Conn = psycopg.Connection[Any]
 
@@ -155,30 +155,13 @@ def complete_step(
 
     `encoded` is the output already encoded as JSON (the runner checks it before recording).
     """
-    text = encoded if encoded is not None else encode_json(output, f"output of {lease.node}")
-    params = {
-        "run_id": lease.run_id,
-        "step_id": lease.step_id,
-        "token": lease.token,
-        "output": text,
-        "now": now,
-    }
+    params = _completion_params(lease, output, encoded, now)
     graph = graph_by_hash(conn, lease.graph_hash)
     fast = _fast_completion(graph, lease)
-    if fast is not None:
-        nothing_next = _next_lease(None, None, lease.lease_ttl, now, lease=False)
-        return _complete_fast(conn, fast, {**params, **nothing_next})[0]
-
-    def tx() -> bool:
-        with conn.transaction():
-            row = conn.execute(QUERIES["step_complete"], params).fetchone()
-            if row is None:
-                return False
-            if lease.kind != NodeKind.MAP or map_completed(conn, lease.run_id, lease.node):
-                node_completed(conn, lease.run, graph, lease.node, now)
-            return True
-
-    return retrying(tx)
+    if fast is None:
+        return _complete_general(conn, lease, graph, params, now)
+    nothing_next = _next_lease(None, None, lease.lease_ttl, now, lease=False)
+    return _complete_fast(conn, fast, {**params, **nothing_next})[0]
 
 
 def complete_and_lease(
@@ -198,22 +181,46 @@ def complete_and_lease(
     records nothing and leases nothing. Steps without a one-statement completion (joins, map
     items, child runs) are completed, then the next step leased, as two statements.
     """
-    fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
+    params = _completion_params(lease, output, encoded, now)
+    graph = graph_by_hash(conn, lease.graph_hash)
+    fast = _fast_completion(graph, lease)
     if fast is None:
-        done = complete_step(conn, lease, output, now=now, encoded=encoded)
+        done = _complete_general(conn, lease, graph, params, now)
         nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
         return done, nxt
-    params = {
+    lease_next = _next_lease(worker, workflows, lease_ttl, now, lease=True)
+    done, row = _complete_fast(conn, fast, {**params, **lease_next})
+    return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+
+
+def _completion_params(
+    lease: Lease, output: Any, encoded: str | None, now: datetime | None
+) -> dict[str, Any]:
+    text = encoded if encoded is not None else encode_json(output, f"output of {lease.node}")
+    return {
         "run_id": lease.run_id,
         "step_id": lease.step_id,
         "token": lease.token,
-        "output": encoded
-        if encoded is not None
-        else encode_json(output, f"output of {lease.node}"),
-        **_next_lease(worker, workflows, lease_ttl, now, lease=True),
+        "output": text,
+        "now": now,
     }
-    done, row = _complete_fast(conn, fast, params)
-    return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+
+
+def _complete_general(
+    conn: Conn, lease: Lease, graph: Graph, params: dict[str, Any], now: datetime | None
+) -> bool:
+    """The completion of any step: fenced, then the run advanced, in one transaction."""
+
+    def tx() -> bool:
+        with conn.transaction():
+            row = conn.execute(QUERIES["step_complete"], params).fetchone()
+            if row is None:
+                return False
+            if lease.kind != NodeKind.MAP or map_completed(conn, lease.run_id, lease.node):
+                node_completed(conn, lease.run, graph, lease.node, now)
+            return True
+
+    return retrying(tx)
 
 
 def _complete_fast(
@@ -225,30 +232,12 @@ def _complete_fast(
     return bool(row["completed"]), row
 
 
-_NEXT_JSON: dict[tuple[str, str], str] = {}
+FastCompletion = tuple[str, dict[str, Any]] | None
+# Decided once per graph, node and whether the run is a child: this is on every step's path.
+_FAST: dict[tuple[str, str, bool], FastCompletion] = {}
 
 
-def _next_nodes_json(graph: Graph, node: str) -> str:
-    """The steps to make after `node`, as one JSON parameter (cheaper to send than six arrays)."""
-    cached = _NEXT_JSON.get((graph.hash, node))
-    if cached is not None:
-        return cached
-    rows = node_rows([graph.nodes[d] for d in graph.downstream[node]])
-    keys = {
-        "nodes": "node",
-        "kinds": "kind",
-        "max_attempts": "max_attempts",
-        "timeouts": "timeout",
-        "signals": "signal",
-        "dues": "due",
-    }
-    count = len(rows["nodes"])
-    text = json.dumps([{keys[k]: rows[k][i] for k in keys} for i in range(count)])
-    _NEXT_JSON[(graph.hash, node)] = text
-    return text
-
-
-def _fast_completion(graph: Graph, lease: Lease) -> tuple[str, dict[str, Any]] | None:
+def _fast_completion(graph: Graph, lease: Lease) -> FastCompletion:
     """The one-statement completion that fits this step, if one does.
 
     A task whose downstream nodes depend on it alone needs nothing else of the run to make
@@ -258,15 +247,35 @@ def _fast_completion(graph: Graph, lease: Lease) -> tuple[str, dict[str, Any]] |
     """
     if lease.kind != NodeKind.TASK:
         return None
-    down = graph.downstream[lease.node]
+    key = (graph.hash, lease.node, lease.parent_run_id is None)
+    if key not in _FAST:
+        _FAST[key] = _decide_fast(graph, lease.node, top_level=key[2])
+    return _FAST[key]
+
+
+def _decide_fast(graph: Graph, node: str, *, top_level: bool) -> FastCompletion:
+    down = [graph.nodes[d] for d in graph.downstream[node]]
     if down:
-        specs = [graph.nodes[d] for d in down]
-        if all(s.after == (lease.node,) and s.kind != NodeKind.WAIT for s in specs):
-            return "step_complete_chain", {"next": _next_nodes_json(graph, lease.node)}
+        if all(s.after == (node,) and s.kind != NodeKind.WAIT for s in down):
+            return "step_complete_chain", {"next": _next_nodes_json(down)}
         return None
-    if graph.sinks == (lease.node,) and lease.parent_run_id is None:
+    if graph.sinks == (node,) and top_level:
         return "step_complete_last", {}
     return None
+
+
+def _next_nodes_json(specs: Sequence[NodeSpec]) -> str:
+    """The steps to make after a node, as one JSON parameter (cheaper to send than six arrays)."""
+    rows = node_rows(specs)
+    keys = {
+        "nodes": "node",
+        "kinds": "kind",
+        "max_attempts": "max_attempts",
+        "timeouts": "timeout",
+        "signals": "signal",
+        "dues": "due",
+    }
+    return json.dumps([{keys[k]: rows[k][i] for k in keys} for i in range(len(specs))])
 
 
 def fail_step(
