@@ -196,7 +196,7 @@ def test_hostile_values_are_usage_errors_and_change_nothing(capsys, cenv, argv):
 
 
 @pytest.mark.parametrize(
-    "workflow", ["x' OR '1'='1", "'; DELETE FROM cyclone_runs; --", "cli-approve%", "\\", '"']
+    "workflow", ["x' OR '1'='1", "'; DELETE FROM cyclone_runs; --", "cli-%", "\\", '"']
 )
 def test_hostile_workflow_filters_match_nothing_and_change_nothing(capsys, cenv, workflow):
     failed_run(cenv)

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cyclone.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,11 +116,9 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case():
 
 
 def test_the_alert_rules_pass_promtool_where_it_is_installed():
-    """promtool when present; without it, the structural checks above are what remains."""
-    test_alert_rules_cover_the_operator_alerts_with_spec_metric_names()
-    test_every_alert_has_a_firing_and_a_quiet_promtool_case()
+    """Without promtool, the structural checks above are what remains, and this says so."""
     if shutil.which("promtool") is None:
-        return
+        pytest.skip("promtool is not installed")
     for argv in (
         ["promtool", "check", "rules", "alerts.yml"],
         ["promtool", "check", "config", "scrape.yml"],
@@ -165,9 +165,8 @@ def test_the_systemd_unit_drains_within_its_stop_timeout():
 
 
 def test_systemd_analyze_accepts_the_unit_where_it_is_installed(tmp_path):
-    test_the_systemd_unit_drains_within_its_stop_timeout()
     if shutil.which("systemd-analyze") is None:
-        return
+        pytest.skip("systemd-analyze is not installed")
     # verify checks that ExecStart exists: point it at the supervisor installed here.
     supervisor = Path(sys.executable).parent / "cyclone-supervisor"
     unit = tmp_path / "cyclone.service"

@@ -422,10 +422,6 @@ class EngineModel(RuleBasedStateMachine):
             if old["state"] == "waiting" and old["due_at"] is not None:
                 # The gate started when the node parked, or stopped when the run paused.
                 parked = old["due_at"] - GATE_LENGTH[old["workflow"], old["node"]]
-                if old["kind"] == "child" and parked > paused_at:
-                    # Known engine bug: a child node that parked during the pause is moved by
-                    # the whole pause (test_a_child_node_parked_during_a_pause_keeps_its_max_wait).
-                    continue
                 stopped = max(paused_at, parked)
                 assert new["due_at"] - now == old["due_at"] - stopped, (
                     f"step {old['node']} did not keep its time left across the pause"

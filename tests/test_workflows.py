@@ -426,9 +426,13 @@ def test_a_cancel_racing_a_chain_completion_leaves_no_live_step(env: TestEnv):
                 target=lambda: result.append(engine.cancel_run(canceller, run_id, now=env.now()))
             )
             thread.start()
-            blocked = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            blocked = (
+                "SELECT count(*) AS n FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND pid = %s"
+            )
+            pid = canceller.info.backend_pid
             deadline = time.monotonic() + 10
-            while env.conn.execute(blocked).fetchone()["n"] == 0:
+            while env.conn.execute(blocked, (pid,)).fetchone()["n"] == 0:
                 assert time.monotonic() < deadline, "the cancel never waited on the step"
                 time.sleep(0.01)
         thread.join(10)

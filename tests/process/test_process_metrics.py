@@ -126,7 +126,6 @@ def test_many_worker_respawns_leave_no_files_and_no_descriptors(env, supervisor,
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     environ = {"TMPDIR": str(scratch)}
-    environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
     sup = supervisor(workers=2, environ=environ, supervisor__max_steps_per_worker="1")
     fds = len(os.listdir(f"/proc/{sup.pid}/fd"))
     inputs = [{"dir": str(tmp_path), "n": n, "sleep": 0} for n in range(60)]
