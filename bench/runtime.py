@@ -35,7 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from engine import SHAPES, baseline_fill, connect, engine_fill, revision, run_workers
+from engine import SHAPES, _stat, baseline_fill, connect, engine_fill, revision, run_workers
 
 import cyclone
 from cyclone.testing import TestEnv, server_dsn
@@ -132,11 +132,8 @@ def cmdline(pid: int) -> str:
 
 
 def dead(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return text.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    fields = _stat(pid)
+    return fields is None or fields[0] in ("Z", "X")
 
 
 COMPLETED = "SELECT count(*) FROM cyclone_runs WHERE state = 'completed'"

@@ -90,6 +90,8 @@ def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
                     snap = take_snapshot(session.connect())
                 except CliError as exc:  # unreachable: keep the last picture, say so, retry
                     problem = exc.message
+                except psycopg.errors.QueryCanceled:  # the session is fine after a timeout
+                    problem = "a status query timed out; retrying"
                 except psycopg.OperationalError as exc:
                     session.close()
                     problem = f"database error, retrying: {redact(session.dsn, str(exc))}"

@@ -6,7 +6,7 @@ disagree. Every query is bounded (LIMIT) and index-backed (see sql/status.sql).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -42,7 +42,6 @@ class Snapshot:
     paused: list[dict[str, Any]]
     paused_total: int
     version: int = SCHEMA_VERSION
-    notes: list[str] = field(default_factory=list)
 
     @property
     def dlq_total(self) -> int:
