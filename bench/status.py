@@ -169,7 +169,7 @@ def main() -> None:
         params = {"limit": 10, "window": 3600.0, "cap": 10_000}
         if args.explain:
             for name in sorted(q for q in QUERIES if q.startswith("status_")):
-                if name in ("status_begin", "status_now"):
+                if name == "status_begin":
                     continue
                 plan = env.conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + QUERIES[name], params)
                 print(f"-- {name}")

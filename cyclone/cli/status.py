@@ -105,7 +105,7 @@ def workers(session: Session, args: argparse.Namespace) -> int:
 
     from cyclone.status.render import supervisors_table, workers_table
 
-    snap = take_snapshot(session.connect())
+    snap = take_snapshot(session.connect(), presence_only=True)
     if args.json:
         emit_json(
             {"taken_at": snap.taken_at, "supervisors": snap.supervisors, "workers": snap.workers}

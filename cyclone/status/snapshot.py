@@ -48,38 +48,56 @@ class Snapshot:
         return sum(r["steps"] for r in self.dlq)
 
 
-def take_snapshot(conn: psycopg.Connection[Any], *, rows: int = MAX_ROWS) -> Snapshot:
-    """Read the status in one repeatable-read transaction, so the sections agree."""
-    with conn.transaction():
-        conn.execute(QUERIES["status_begin"])
-        now = conn.execute(QUERIES["clock_now"]).fetchone()["now"]
-        supervisors = _all(conn, "status_supervisors", limit=MAX_SUPERVISORS)
-        for sup in supervisors:
-            sup["lost"] = sup["seen_ago"] > LOST_AFTER
-        workers = _all(conn, "status_workers", limit=MAX_WORKERS)
-        live: dict[str, int] = {"running": 0, "paused": 0}
-        finished: dict[str, int] = {"completed": 0, "failed": 0, "cancelled": 0}
-        for r in _all(conn, "status_runs_by_state", window=FINISHED_WINDOW):
-            (finished if r["recent"] else live)[r["state"]] = r["runs"]
-        queue = _all(conn, "status_queue", cap=MAX_DUE_COUNT)[0]
-        queue["due_capped"] = queue["due"] >= MAX_DUE_COUNT
-        dlq = _all(conn, "status_dlq_depth")
-        deadlines = _all(conn, "status_deadline_failures", limit=rows)
-        paused = _all(conn, "status_paused_runs", limit=rows)
+def take_snapshot(
+    conn: psycopg.Connection[Any], *, rows: int = MAX_ROWS, presence_only: bool = False
+) -> Snapshot:
+    """Read the status in one repeatable-read transaction, so the sections agree.
+
+    Every query is sent before the first answer is read (pipeline mode): one round trip, not
+    one per section, for a screen that refreshes every second. `presence_only` reads just the
+    supervisors and workers (for `cyclone workers`).
+    """
+    queries: dict[str, dict[str, Any]] = {
+        "status_begin": {},
+        "clock_now": {},
+        "status_supervisors": {"limit": MAX_SUPERVISORS},
+        "status_workers": {"limit": MAX_WORKERS},
+    }
+    if not presence_only:
+        queries |= {
+            "status_runs_by_state": {"window": FINISHED_WINDOW},
+            "status_queue": {"cap": MAX_DUE_COUNT},
+            "status_dlq_depth": {},
+            "status_deadline_failures": {"limit": rows},
+            "status_paused_runs": {"limit": rows},
+        }
+    with conn.transaction(), conn.pipeline():
+        cursors = {name: conn.execute(QUERIES[name], params) for name, params in queries.items()}
+        got = {
+            name: [dict(r) for r in cur.fetchall()]
+            for name, cur in cursors.items()
+            if name != "status_begin"
+        }
+    supervisors = got["status_supervisors"]
+    for sup in supervisors:
+        sup["lost"] = sup["seen_ago"] > LOST_AFTER
+    live: dict[str, int] = {"running": 0, "paused": 0}
+    finished: dict[str, int] = {"completed": 0, "failed": 0, "cancelled": 0}
+    for r in got.get("status_runs_by_state", []):
+        (finished if r["recent"] else live)[r["state"]] = r["runs"]
+    queue = got.get("status_queue", [{"due": 0}])[0]
+    queue["due_capped"] = queue["due"] >= MAX_DUE_COUNT
+    paused = got.get("status_paused_runs", [])
     return Snapshot(
-        taken_at=now,
+        taken_at=got["clock_now"][0]["now"],
         supervisors=supervisors,
-        workers=workers,
+        workers=got["status_workers"],
         runs_live=live,
         runs_finished=finished,
         finished_window_seconds=FINISHED_WINDOW,
         queue=queue,
-        dlq=dlq,
-        deadline_failures=deadlines,
+        dlq=got.get("status_dlq_depth", []),
+        deadline_failures=got.get("status_deadline_failures", []),
         paused=[{k: v for k, v in p.items() if k != "total"} for p in paused],
         paused_total=paused[0]["total"] if paused else 0,
     )
-
-
-def _all(conn: psycopg.Connection[Any], name: str, **params: Any) -> list[dict[str, Any]]:
-    return [dict(r) for r in conn.execute(QUERIES[name], params).fetchall()]
