@@ -1,4 +1,4 @@
-"""Delete finished top-level runs (and, by cascade, their steps) older than the retention."""
+"""Delete finished top-level runs older than the retention, with their child runs and steps."""
 
 from __future__ import annotations
 

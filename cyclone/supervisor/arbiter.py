@@ -383,8 +383,7 @@ class Arbiter:
             log.warning("could not sweep deadlines: %s", exc)
             self.order_kill(handle, KillReason.DEADLINE, ErrorKind.DEADLINE, DEADLINE_ERROR)
             return
-        # Runs failed here count with the scanner's (not as a scanner pass: ok=False).
-        self.events.scanned(channel.Scanned(at=0.0, ok=False, counts={"deadlines": failed}))
+        self.events.runs_failed("deadline", failed)  # counted with the scanner's
         self.notified = True
         self.check_revocations()
 

@@ -61,11 +61,11 @@ class Metrics:
             "cyclone_lease_expirations", "Leases the scanner reclaimed after they expired",
             registry=r,
         )  # fmt: skip
-        self.runs_failed = Counter(
+        self.runs_failed_total = Counter(
             "cyclone_scanner_runs_failed", "Runs the scanner failed", ["reason"], registry=r
         )
         for reason in RUNS_FAILED_BY.values():
-            self.runs_failed.labels(reason)
+            self.runs_failed_total.labels(reason)
         self.last_scan = Gauge(
             "cyclone_scanner_last_scan_timestamp_seconds",
             "When the scanner last finished a pass (Unix time)", registry=r,
@@ -106,10 +106,15 @@ class Metrics:
             self.lease_expirations.inc(expired)
         for sweep, reason in RUNS_FAILED_BY.items():
             failed = counts.get(sweep)
-            if isinstance(failed, int) and failed > 0:
-                self.runs_failed.labels(reason).inc(failed)
+            if isinstance(failed, int):
+                self.runs_failed(reason, failed)
         if report.ok and isinstance(report.at, int | float):
             self.last_scan.set(report.at)
+
+    def runs_failed(self, reason: str, count: int) -> None:
+        """Runs the scanner's sweeps failed, or the supervisor's own deadline sweep did."""
+        if count > 0:
+            self.runs_failed_total.labels(reason).inc(count)
 
     def exited(self, handle: WorkerHandle, status: ExitStatus) -> None:
         if handle.kill is not None:

@@ -66,6 +66,8 @@ class Events(Protocol):
 
     def scanned(self, report: Scanned) -> None: ...
 
+    def runs_failed(self, reason: str, count: int) -> None: ...
+
 
 class NullEvents:
     def leased(self, lease: HeldLease) -> None:
@@ -81,6 +83,9 @@ class NullEvents:
         pass
 
     def scanned(self, report: Scanned) -> None:
+        pass
+
+    def runs_failed(self, reason: str, count: int) -> None:
         pass
 
 
