@@ -11,7 +11,6 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import connect
 from cyclone.scanner.base import Sweep
 from cyclone.scanner.deadlines import DeadlineSweep
 from cyclone.scanner.leases import ExpiredLeaseSweep
@@ -22,9 +21,8 @@ from cyclone.scanner.waits import MaxWaitSweep
 from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import scanner_title, set_title
-from cyclone.supervisor.store import with_options
+from cyclone.supervisor.store import connect_briefly
 from cyclone.worker.process import (
-    CONNECT_TIMEOUT,
     ChildExit,
     Wakeup,
     check_parent,
@@ -98,9 +96,7 @@ class Scanner:
         self.stop_requested = True  # only record: the loop acts on it
 
     def connect(self) -> psycopg.Connection[Any]:
-        timeout_ms = int(self.options.statement_timeout * 1000)
-        dsn = with_options(self.options.dsn, f"-c statement_timeout={timeout_ms}")
-        return connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+        return connect_briefly(self.options.dsn, int(self.options.statement_timeout * 1000))
 
     def loop(self) -> int:
         while not self.stop_requested:
