@@ -14,7 +14,14 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone import engine
-from cyclone.db import MAX_PAYLOAD_BYTES, callers, check_text, encode_json, resolve_dsn
+from cyclone.db import (
+    MAX_PAYLOAD_BYTES,
+    callers,
+    check_text,
+    encode_json,
+    is_step_id,
+    resolve_dsn,
+)
 from cyclone.engine.graphs import current_graph, register_workflows
 from cyclone.errors import RunNotFound, StepNotFound
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
@@ -199,10 +206,8 @@ class Client:
         # Only whole numbers name steps: int() would turn 1.5, True or non-ASCII digits into a step.
         if isinstance(step_id, str) and step_id.isascii() and step_id.strip().isdigit():
             step_id = int(step_id)
-        if isinstance(step_id, bool) or not isinstance(step_id, int):
+        if not is_step_id(step_id):
             raise StepNotFound(f"no step {step_id!r} (not a step id)")
-        if not 0 < step_id < 2**63:
-            raise StepNotFound(f"no step {step_id!r}")
         with self.connection() as c:
             row = c.execute(QUERIES["step_get"], {"step_id": step_id}).fetchone()
         if row is None:

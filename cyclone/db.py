@@ -113,3 +113,8 @@ def check_text(value: str, what: str) -> None:
     """Names and keys are stored as text: PostgreSQL cannot store a NUL character in them."""
     if "\x00" in value:
         raise ValueError(f"{what}: contains a NUL character")
+
+
+def is_step_id(value: object) -> bool:
+    """Whether `value` can name a step: a whole number (not a bool) in a bigint's positive range."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63

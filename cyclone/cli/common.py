@@ -25,7 +25,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
-from cyclone.db import connect, resolve_dsn
+from cyclone.db import connect, is_step_id, resolve_dsn
 
 # Exit statuses (SPEC section 8).
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -164,7 +164,7 @@ def run_id_arg(value: str) -> str:
 
 
 def step_id_arg(value: str) -> int:
-    if not _STEP_ID.fullmatch(value) or not 0 < int(value) < 2**63:
+    if not _STEP_ID.fullmatch(value) or not is_step_id(int(value)):
         raise ArgumentTypeError(f"not a step id (a positive whole number): {_show(value)}")
     return int(value)
 

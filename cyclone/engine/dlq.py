@@ -27,7 +27,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import retrying
+from cyclone.db import is_step_id, retrying
 from cyclone.engine.advance import RunRef, consume_signal, lock_run, node_rows
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.errors import CycloneError, StepNotFound
@@ -59,7 +59,7 @@ def retry_dead_step(
     `deadline` (seconds, > 0) gives the run a new deadline from now; a run failed by its
     deadline needs one.
     """
-    if isinstance(step_id, bool) or not isinstance(step_id, int) or not 0 < step_id < 2**63:
+    if not is_step_id(step_id):
         raise StepNotFound(f"no step {step_id!r}")
     if deadline is not None and not 0 < deadline <= MAX_DEADLINE_SECONDS:
         raise ValueError(f"deadline: expected seconds > 0, got {deadline!r}")
