@@ -49,6 +49,10 @@ class RunStatus:
         )
 
 
+def node_label(node: str, item_index: int | None) -> str:
+    return node if item_index is None else f"{node}[{item_index}]"
+
+
 @dataclass(frozen=True, slots=True)
 class StepInfo:
     id: int
@@ -64,6 +68,11 @@ class StepInfo:
     started_at: datetime | None
     completed_at: datetime | None
     item_index: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The node, with a map item's index: `notify[3]`."""
+        return node_label(self.node, self.item_index)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> StepInfo:

@@ -13,7 +13,7 @@ import re
 import sys
 import uuid
 from argparse import ArgumentTypeError
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime, timedelta
@@ -221,56 +221,6 @@ def console() -> Any:
 
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
     return Console(file=sys.stdout, highlight=False, width=width)
-
-
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Any:
-    from rich import box
-    from rich.table import Table
-
-    t = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
-    )
-    for name in columns:
-        wide = name in ("error", "step", "run")
-        t.add_column(name, overflow="fold", no_wrap=not wide)
-    for row in rows:
-        t.add_row(*(cell(v) for v in row))
-    return t
-
-
-def cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return when(value)
-    if isinstance(value, Enum):
-        return str(value.value)
-    return str(value)
-
-
-def when(value: datetime | None) -> str:
-    if value is None:
-        return "-"
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def seconds(value: float | None) -> str:
-    """A span as an operator reads it: 45s, 4m05s, 2h03m, 3d04h; negative means overdue."""
-    if value is None:
-        return "-"
-    sign, value = ("-" if value < 0 else ""), abs(value)
-    whole = int(value)
-    if value < 10:
-        text = f"{value:.1f}s"
-    elif whole < 60:
-        text = f"{whole}s"
-    elif whole < 3600:
-        text = f"{whole // 60}m{whole % 60:02d}s"
-    elif whole < 86400:
-        text = f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-    else:
-        text = f"{whole // 86400}d{whole % 86400 // 3600:02d}h"
-    return sign + text
 
 
 def to_jsonable(value: Any) -> Any:

@@ -17,10 +17,9 @@ from cyclone.cli.common import (
     message,
     positive_duration_arg,
     step_id_arg,
-    table,
     text_arg,
-    when,
 )
+from cyclone.display import table, when
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.models import ExhaustedQuery
 from cyclone.states import ErrorKind
@@ -73,7 +72,7 @@ def list_dead(session: Session, args: argparse.Namespace) -> int:
                     s.id,
                     s.run_id,
                     s.workflow,
-                    s.node if s.item_index is None else f"{s.node}[{s.item_index}]",
+                    s.label,
                     s.error_kind,
                     s.attempt,
                     (s.error or "").strip().splitlines()[0] if s.error else None,

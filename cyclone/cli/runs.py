@@ -12,7 +12,6 @@ from cyclone.cli.common import (
     USAGE,
     CliError,
     Session,
-    cell,
     console,
     duration_arg,
     emit_json,
@@ -20,12 +19,10 @@ from cyclone.cli.common import (
     limit_arg,
     message,
     run_id_arg,
-    seconds,
-    table,
     text_arg,
     to_jsonable,
-    when,
 )
+from cyclone.display import cell, seconds, table, when
 from cyclone.errors import PayloadTooLarge
 from cyclone.sql import QUERIES
 from cyclone.states import RunState
@@ -159,7 +156,7 @@ def show_steps(session: Session, args: argparse.Namespace) -> int:
             (
                 (
                     s.id,
-                    s.node if s.item_index is None else f"{s.node}[{s.item_index}]",
+                    s.label,
                     s.kind,
                     s.state,
                     s.attempt,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from cyclone.cli.common import seconds, when
+from cyclone.display import seconds, table, when
+from cyclone.models import node_label
 from cyclone.status.snapshot import Snapshot
 
 
@@ -40,13 +40,7 @@ def _header(snap: Snapshot) -> Text:
 
 
 def _table(title: str, *columns: str) -> Table:
-    t = Table(
-        title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
-    )
-    for name in columns:
-        # Only the long cells wrap: measuring wrappable cells is most of rich's rendering time.
-        t.add_column(name, overflow="fold", no_wrap=name not in ("step", "run", "host"))
-    return t
+    return table(title, columns, wrap=("step", "run", "host"))
 
 
 def supervisors_table(snap: Snapshot) -> Table:
@@ -98,7 +92,7 @@ def workers_table(snap: Snapshot) -> Table:
 def step_label(w: dict[str, Any]) -> str:
     if w["state"] != "busy":
         return "idle"
-    node = w["node"] if w["item_index"] is None else f"{w['node']}[{w['item_index']}]"
+    node = node_label(w["node"], w["item_index"])
     label = f"{w['workflow']}/{node} #{w['step_id']} attempt {w['attempt']} run={w['run_id']}"
     if w["step_state"] not in (None, "running"):
         label += f" (step now {w['step_state']})"
