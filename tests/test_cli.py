@@ -6,9 +6,7 @@ import json
 import uuid
 from datetime import timedelta
 
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from test_cli_support import (
     SECRET,
     approve,
@@ -94,22 +92,15 @@ def test_usage_errors_exit_2_and_help_exits_0(capsys):
     assert r.code == 0 and "dlq" in r.out
 
 
-def test_a_schema_without_cyclone_tables_says_to_migrate(capsys, pg_dsn):
-    schema = f"cli_empty_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        dsn = make_conninfo(pg_dsn, options=f"-c search_path={schema}")
-        r = run_cli(capsys, None, "--dsn", dsn, "runs")
-        assert r.code == 2 and "cyclone migrate" in r.err
-        r = run_cli(capsys, None, "--dsn", dsn, "migrate", "--json")
-        assert r.code == 0 and r.json()["applied"] == list(range(1, latest_version() + 1))
-        r = run_cli(capsys, None, "--dsn", dsn, "migrate")
-        assert r.code == 0 and "up to date" in r.err
-        assert run_cli(capsys, None, "--dsn", dsn, "runs").code == 0
-    finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+def test_a_schema_without_cyclone_tables_says_to_migrate(capsys, scratch_dsn):
+    dsn = scratch_dsn
+    r = run_cli(capsys, None, "--dsn", dsn, "runs")
+    assert r.code == 2 and "cyclone migrate" in r.err
+    r = run_cli(capsys, None, "--dsn", dsn, "migrate", "--json")
+    assert r.code == 0 and r.json()["applied"] == list(range(1, latest_version() + 1))
+    r = run_cli(capsys, None, "--dsn", dsn, "migrate")
+    assert r.code == 0 and "up to date" in r.err
+    assert run_cli(capsys, None, "--dsn", dsn, "runs").code == 0
 
 
 # --- submit, runs, run, steps -----------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-import uuid
 from datetime import timedelta
 
 import psycopg
@@ -48,19 +47,6 @@ def test_migrating_twice_applies_nothing_the_second_time(env: TestEnv):
     assert migrate(env.conn) == []
     versions = [r["version"] for r in env.conn.execute("SELECT version FROM cyclone_migrations")]
     assert versions == list(range(1, latest_version() + 1))
-
-
-@pytest.fixture
-def scratch_dsn(pg_dsn: str):
-    """A DSN on an empty schema of its own, dropped afterwards."""
-    schema = f"cyclone_scratch_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_dsn, autocommit=True) as admin:
-        admin.execute(f"CREATE SCHEMA {schema}")
-    try:
-        yield psycopg.conninfo.make_conninfo(pg_dsn, options=f"-c search_path={schema}")
-    finally:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
