@@ -12,9 +12,12 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+
+from cyclone.models import RunStatus
+from cyclone.states import RunState
 
 HERE = Path(__file__).parent
 T = TypeVar("T")
@@ -168,3 +171,13 @@ def sample(text: str, name: str, **labels: str) -> float | None:
         if head == series:
             return float(value)
     return None
+
+
+def completed(env: Any, run_id: str) -> bool:
+    return env.client.get_run(run_id).state == RunState.COMPLETED
+
+
+def terminal(env: Any, run_id: str) -> RunStatus | None:
+    """The run's status once it has ended (a value for wait_for to return), else None."""
+    status = env.client.get_run(run_id)
+    return status if status.state.terminal else None

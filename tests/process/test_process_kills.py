@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, group_members, wait_for
+from proc_helpers import alive, group_members, terminal, wait_for
 
 from cyclone.states import DEADLINE_ERROR, ErrorKind, RunState, StepState
-from cyclone.testing import TestEnv
 
 pytestmark = pytest.mark.process
 
@@ -82,11 +81,6 @@ def test_a_stubborn_handler_dies_at_its_step_timeout_and_is_retried(
     assert (step.state, step.error_kind, step.attempt) == (StepState.DEAD, ErrorKind.TIMEOUT, 2)
     assert "ran past its timeout" in step.error
     replacement(sup, second[0])
-
-
-def terminal(env: TestEnv, run_id: str):
-    status = env.client.get_run(run_id)
-    return status if status.state.terminal else None
 
 
 def replacement(sup, killed: int) -> None:

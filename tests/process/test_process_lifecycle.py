@@ -12,9 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, group_members, wait_for
+from proc_helpers import alive, completed, group_members, wait_for
 
-from cyclone.states import RunState, StepState
+from cyclone.states import StepState
 
 pytestmark = pytest.mark.process
 
@@ -28,10 +28,6 @@ def spans(tmp: Path) -> dict[int, list[tuple[str, float]]]:
             event, step_id, at, _pid = line.split()
             by_step[int(step_id)].append((event, float(at)))
     return by_step
-
-
-def completed(env, run_id: str) -> bool:
-    return env.client.get_run(run_id).state == RunState.COMPLETED
 
 
 def test_a_worker_exiting_mid_step_fails_the_attempt_as_crashed_then_it_is_retried(

@@ -8,10 +8,9 @@ import socket
 from pathlib import Path
 
 import pytest
-from proc_helpers import sample, wait_for
+from proc_helpers import sample, terminal, wait_for
 
 from cyclone.states import RunState
-from cyclone.testing import TestEnv
 
 pytestmark = pytest.mark.process
 
@@ -28,10 +27,6 @@ def listening_addresses(port: int) -> list[str]:
             if state == "0A" and int(hexport, 16) == port:  # 0A: LISTEN
                 found.append(address)
     return found
-
-
-def terminal(env: TestEnv, run_id: str) -> bool:
-    return env.client.get_run(run_id).state.terminal
 
 
 def test_counters_and_dlq_depth_match_the_kills_that_happened(env, supervisor, tmp_path) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from proc_helpers import wait_for
+from proc_helpers import completed, wait_for
 
 from cyclone.client import Client
-from cyclone.states import RunState, StepState
+from cyclone.states import StepState
 from cyclone.testing import TestEnv
 
 pytestmark = pytest.mark.process
@@ -119,10 +119,6 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
     # when heartbeating (it leaves with LEASE_LOST).
     wait_for(lambda: len(sup.workers()) == 2, 10, "two workers")
     assert sup.popen.poll() is None
-
-
-def completed(env: TestEnv, run_id: str) -> bool:
-    return env.client.get_run(run_id).state == RunState.COMPLETED
 
 
 def snapshot(env: TestEnv, run_id: str) -> list[dict[str, Any]]:
