@@ -36,13 +36,13 @@ WITH runs AS (
     RETURNING id
 ), roots AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at, gated_at)
+                               signal, available_at, due_at, created_at)
     SELECT runs.id, %(workflow)s, n.node, n.kind,
            CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now())
       FROM runs,
            unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
                   %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
@@ -151,7 +151,8 @@ WITH run AS (
  RETURNING r.id
 ), gates AS (
     -- A gate set during the pause (a wait reached, a child parked) starts counting at resume;
-    -- one set before it gets back the whole pause.
+    -- one set before it gets back the whole pause. A gate is set when the step is made
+    -- (created_at) or re-set later (gated_at, NULL until then).
     UPDATE cyclone_steps s
        SET due_at = s.due_at + greatest(
                run.now - greatest(run.paused_at, coalesce(s.gated_at, s.created_at)),

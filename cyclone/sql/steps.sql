@@ -9,13 +9,12 @@
 -- name: step_insert
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout, signal,
-                           available_at, due_at, created_at, gated_at)
+                           available_at, due_at, created_at)
 SELECT %(run_id)s, %(workflow)s, n.node, n.kind,
        CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
        n.max_attempts, make_interval(secs => n.timeout), n.signal,
        coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-       coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now())
   FROM unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
               %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
@@ -117,13 +116,12 @@ WITH done AS (
  RETURNING s.run_id, s.workflow
 ), next AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at, gated_at)
+                               signal, available_at, due_at, created_at)
     SELECT done.run_id, done.workflow, n.node, n.kind,
            CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now())
       FROM done,
            jsonb_to_recordset(%(next)s::jsonb)
