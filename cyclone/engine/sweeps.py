@@ -19,6 +19,7 @@ from cyclone.engine.advance import (
     fail_run,
     lock_run,
     node_completed,
+    notify_revoked,
     settle_late,
 )
 from cyclone.engine.graphs import graph_by_hash
@@ -46,7 +47,7 @@ def sweep_deadlines(
             # Child runs of dead-lettered child nodes are cancelled in this same transaction.
             if row["child_run_ids"]:
                 cancel_runs(conn, row["child_run_ids"], now, notify=False)
-            conn.execute(QUERIES["revoked_notify"])
+            notify_revoked(conn)
             return len(row["run_ids"])
 
     return retrying(tx)
@@ -65,7 +66,7 @@ def sweep_expired_leases(
             for run_id in {str(r["run_id"]) for r in rows if r["state"] == "dead"}:
                 fail_run(conn, run_id, now)
             if rows:
-                conn.execute(QUERIES["revoked_notify"])
+                notify_revoked(conn)
             return len(rows)
 
     return retrying(tx)
