@@ -90,7 +90,11 @@ class Client:
                     min_size=1,
                     max_size=self._pool_size,
                     open=True,
-                    kwargs={"autocommit": True, "row_factory": psycopg.rows.dict_row},
+                    kwargs={
+                        "autocommit": True,
+                        "row_factory": psycopg.rows.dict_row,
+                        "fallback_application_name": "cyclone",
+                    },
                 )
         with self._pool.connection() as pooled:
             yield pooled

@@ -34,9 +34,15 @@ def resolve_dsn(dsn: str | None) -> str:
     return ensure_server(os.environ.get("CYCLONE_EMBEDDED_DIR", DEFAULT_DATA_DIR))
 
 
-def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
-    """An autocommit connection with dict rows: every write runs in an explicit transaction."""
-    return psycopg.connect(dsn, autocommit=True, row_factory=dict_row, **kwargs)
+def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:
+    """An autocommit connection with dict rows: every write runs in an explicit transaction.
+
+    `name` is the session's application_name in pg_stat_activity (unless the DSN sets one), so
+    an operator can tell a worker's session from the scanner's or the supervisor's.
+    """
+    return psycopg.connect(
+        dsn, autocommit=True, row_factory=dict_row, fallback_application_name=name, **kwargs
+    )
 
 
 def check_json(value: Any, what: str = "value") -> None:

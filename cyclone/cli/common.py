@@ -114,11 +114,13 @@ class Session:
         if self._conn is None or self._conn.closed:
             self._conn = None
             dsn = self.dsn
-            options = "-c application_name=cyclone-cli"
+            options = ""
             if self.statement_timeout_ms:
-                options += f" -c statement_timeout={self.statement_timeout_ms}"
+                options = f"-c statement_timeout={self.statement_timeout_ms}"
             try:
-                self._conn = connect(with_options(dsn, options), connect_timeout=CONNECT_TIMEOUT)
+                self._conn = connect(
+                    with_options(dsn, options), "cyclone-cli", connect_timeout=CONNECT_TIMEOUT
+                )
             except psycopg.OperationalError as exc:
                 raise CliError(
                     UNREACHABLE,

@@ -96,7 +96,9 @@ class Scanner:
         self.stop_requested = True  # only record: the loop acts on it
 
     def connect(self) -> psycopg.Connection[Any]:
-        return connect_briefly(self.options.dsn, int(self.options.statement_timeout * 1000))
+        return connect_briefly(
+            self.options.dsn, int(self.options.statement_timeout * 1000), name="cyclone-scanner"
+        )
 
     def loop(self) -> int:
         while not self.stop_requested:

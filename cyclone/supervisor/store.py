@@ -42,10 +42,10 @@ def with_options(dsn: str, options: str) -> str:
 
 
 def connect_briefly(
-    dsn: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+    dsn: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS, name: str = "cyclone-supervisor"
 ) -> psycopg.Connection[Any]:
     dsn = with_options(dsn, f"-c statement_timeout={statement_timeout_ms}")
-    return connect(dsn, connect_timeout=CONNECT_TIMEOUT)
+    return connect(dsn, name, connect_timeout=CONNECT_TIMEOUT)
 
 
 class Listener:

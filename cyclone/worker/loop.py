@@ -117,7 +117,8 @@ class Worker:
     def connect(self) -> psycopg.Connection[Any]:
         keepalive = max(int(self.options.heartbeat_interval), 1)
         return connect(
-            self.options.dsn, connect_timeout=CONNECT_TIMEOUT, keepalives=1,
+            self.options.dsn, f"cyclone-worker-{self.options.number}",
+            connect_timeout=CONNECT_TIMEOUT, keepalives=1,
             keepalives_idle=keepalive, keepalives_interval=keepalive, keepalives_count=3,
             tcp_user_timeout=int(self.options.lease_ttl * 1000 / 2),
         )  # fmt: skip

@@ -85,6 +85,11 @@ def test_presence_rows_follow_the_workers_and_go_on_a_clean_exit(env, supervisor
     row = wait_for(busy_row, 10, "a busy worker row")
     assert (str(row["run_id"]), row["workflow"], row["node"]) == (run_id, "proc-stubborn", "hang")
     assert row["sup_pid"] == sup.pid and row["pid"] in sup.workers()
+    # pg_stat_activity names each process's session.
+    names = {r["application_name"] for r in env.conn.execute(
+        "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+    )}  # fmt: skip
+    assert {"cyclone-worker-1", "cyclone-worker-2", "cyclone-scanner"} <= names
     env.client.cancel(run_id)
     wait_for(lambda: not busy_row(), 10, "the worker row to turn idle")
     sup.popen.send_signal(signal.SIGTERM)
