@@ -444,3 +444,69 @@ def test_a_cancel_racing_a_chain_completion_leaves_no_live_step(env: TestEnv):
         ErrorKind.CANCELLED,
     )
     assert env.client.get_run(run_id).state == RunState.CANCELLED
+
+
+one_task = cyclone.Workflow("wf-one-task")
+
+
+@one_task.task()
+def only(ctx):
+    return 1
+
+
+def _complete_while_blocked(env: TestEnv, lease, hold: str, param: str):
+    """Run complete_and_lease on its own connection while another session holds `hold` (one
+    row, locked FOR UPDATE); return (whether a third session could lock the other run's
+    step while the completion waited, the completion's result)."""
+    other_step = (
+        "SELECT id FROM cyclone_steps WHERE run_id <> %s AND state = 'available' FOR UPDATE NOWAIT"
+    )
+    blocked = (
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid = %s"
+    )
+    with connect(env.dsn) as worker, connect(env.dsn) as holder, connect(env.dsn) as probe:
+        result: list = []
+        with holder.transaction():
+            holder.execute(hold, (param,))
+            thread = threading.Thread(target=lambda: result.append(
+                engine.complete_and_lease(worker, lease, 1, worker="w", now=env.now())
+            ))  # fmt: skip
+            thread.start()
+            deadline = time.monotonic() + 10
+            while env.conn.execute(blocked, (worker.info.backend_pid,)).fetchone()["n"] == 0:
+                assert time.monotonic() < deadline, "the completion never waited"
+                time.sleep(0.01)
+            try:
+                with probe.transaction():
+                    probe.execute(other_step, (lease.run_id,)).fetchall()
+                free = True
+            except psycopg.errors.LockNotAvailable:
+                free = False
+        thread.join(10)
+    return free, result[0]
+
+
+def test_a_completion_that_waits_for_its_run_holds_no_other_step(env: TestEnv):
+    """The run's lock comes first, as in every writer: while a completion waits for it, the
+    next step it will lease is still free (no step held while waiting for a run)."""
+    a, b = env.client.submit_many(one_task, [{}, {}])
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    assert lease.run_id == a
+    free, (done, nxt) = _complete_while_blocked(
+        env, lease, "SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", a
+    )
+    assert free
+    assert done and (nxt.run_id, nxt.node) == (b, "only")
+
+
+def test_a_chain_completion_picks_its_next_step_before_it_writes(env: TestEnv):
+    """The candidate is locked while the statement's snapshot is fresh, before the completion
+    writes (fewer candidates that others leased meanwhile); it is leased only after it."""
+    a, b = env.client.submit_many(two_tasks, [{}, {}])
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    assert (lease.run_id, lease.node) == (a, "first")
+    free, (done, nxt) = _complete_while_blocked(
+        env, lease, "SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", lease.step_id
+    )
+    assert not free
+    assert done and (nxt.run_id, nxt.node) == (b, "first")

@@ -39,11 +39,22 @@ ON CONFLICT DO NOTHING;
 -- columns come along from the candidate scan, so the run is read once. With `lease` false
 -- the candidate scan is not run at all (a completion that leases nothing next). One row comes
 -- back either way: `completed` counts `done`, the lease columns are NULL when none was taken.
+--
+-- The candidate is picked first, before `done` runs, though the lease is taken only after
+-- it. The statement's snapshot is taken as it starts: steps that other workers lease and
+-- commit after that still look available to it, and locking one of them makes PostgreSQL
+-- re-check the whole candidate join against the newer row (EvalPlanQual). Picked while the
+-- snapshot is fresh, few candidates are stale; a completion run first left time for many
+-- (with 8 workers, picking first gave a quarter more steps a second, measured). The `CASE`
+-- is what orders it: a bare `EXISTS (SELECT 1 FROM done)` would be checked once, before the
+-- scan. `held` is what the statement must hold before it locks a candidate: a run lock,
+-- taken first as every writer does (so no worker waits for a run while holding a step), or
+-- `SELECT 1`.
 candidate AS (
     SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
       FROM cyclone_steps s
       JOIN cyclone_runs r ON r.id = s.run_id
-     WHERE %(lease)s::boolean AND s.state = 'available'
+     WHERE %(lease)s::boolean AND EXISTS (SELECT 1 FROM held) AND s.state = 'available'
        AND s.available_at <= coalesce(%(now)s::timestamptz, now())
        AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
        AND r.state = 'running'
@@ -59,7 +70,7 @@ candidate AS (
            leased_by = %(worker)s, started_at = coalesce(%(now)s::timestamptz, now())
       FROM candidate
      WHERE s.id = candidate.id
-       AND EXISTS (SELECT 1 FROM done)
+       AND CASE WHEN candidate.id IS NOT NULL THEN EXISTS (SELECT 1 FROM done) ELSE false END
  RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
            s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
            candidate.graph_hash, candidate.parent_run_id::text,
@@ -74,7 +85,7 @@ SELECT (SELECT count(*) FROM done) AS completed, leased.*
 
 -- name: step_lease
 -- Lease the oldest due step (the fragment, with nothing to complete first).
-WITH done AS (SELECT 1),
+WITH held AS (SELECT 1), done AS (SELECT 1),
 -- include: _lease_next
 
 -- name: step_heartbeat
@@ -109,7 +120,7 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- catches the steps inserted here with steps_settle_late, run after it ended the run. The
 -- next due step is leased in the same statement when `lease` is true: one commit per step. No
 -- ON CONFLICT: the fence lets only one completion through, and the unique index still guards.
-WITH done AS (
+WITH held AS (SELECT 1), done AS (
     UPDATE cyclone_steps s
 -- include: _completed
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
@@ -135,6 +146,8 @@ WITH done AS (
 -- step too when `lease` is true).
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+), held AS (
+    SELECT 1 FROM run
 ), done AS (
     UPDATE cyclone_steps s
 -- include: _completed
