@@ -150,6 +150,21 @@ def test_every_named_query_is_unique_and_nonempty():
         parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
+def test_statements_are_sent_without_comments_and_short_enough_for_psycopg_to_cache():
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH  # its parse cache's limit
+
+    from cyclone.sql import without_comments
+
+    assert without_comments({"a": "-- why\nSELECT 1 -- not a line comment\n  -- how\nFROM t"}) == {
+        "a": "-- cyclone: a\nSELECT 1 -- not a line comment\nFROM t"
+    }
+    for name, body in QUERIES.items():
+        assert body.startswith(f"-- cyclone: {name}\n")
+        assert "\n--" not in body and "\n  --" not in body, name
+        # Longer, psycopg would parse its placeholders again on every execution.
+        assert len(body.encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
+
+
 def _plan(conn, name: str, params: dict) -> str:
     rows = conn.execute(("EXPLAIN " + QUERIES[name]).encode(), params).fetchall()
     return "\n".join(next(iter(r.values())) for r in rows)
