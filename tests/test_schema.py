@@ -71,7 +71,7 @@ def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
             conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
         with cyclone.Client(scratch_dsn) as client:
             run_id = client.submit(wf, {"kept": True})
-            assert migrate(conn) == [3]
+            assert migrate(conn) == list(range(3, latest_version() + 1))
             assert client.get_run(run_id).state == RunState.RUNNING
             assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
         with pytest.raises(psycopg.errors.CheckViolation):
@@ -148,6 +148,15 @@ def test_every_named_query_is_unique_and_nonempty():
     assert QUERIES and all(body.strip() for body in QUERIES.values())
     with pytest.raises(ValueError, match="twice"):
         parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_no_index_of_steps_is_left_that_no_statement_uses(env: TestEnv):
+    names = {r["indexname"] for r in env.conn.execute(
+        "SELECT indexname FROM pg_indexes"
+        " WHERE schemaname = current_schema() AND tablename = 'cyclone_steps'"
+    )}  # fmt: skip
+    assert "cyclone_steps_child_idx" not in names  # dropped by migration 4
+    assert "cyclone_steps_node_idx" in names and "cyclone_steps_available_idx" in names
 
 
 def test_statements_are_sent_without_comments_and_short_enough_for_psycopg_to_cache():
