@@ -60,6 +60,28 @@ def test_a_publish_upserts_the_supervisor_and_one_row_per_worker_slot(env: TestE
     assert rows(env, "cyclone_supervisors") == [] and rows(env, "cyclone_workers") == []
 
 
+def test_publishes_share_one_connection_and_one_lost_is_replaced(env: TestEnv) -> None:
+    opened: list[int] = []
+
+    def connect():
+        conn = connect_briefly(env.dsn)
+        opened.append(conn.info.backend_pid)
+        return conn
+
+    presence = Presence(connect, host="vm1", pid=4242)
+    snap = snapshot([handle(11, 1)], draining=False, target=1, uptime=1, now=100)
+    assert presence.publish(snap, 0) and presence.publish(snap, 1)
+    assert len(opened) == 1
+    # The server ends the session (a restart, a pooler, an idle timeout): the publish that
+    # finds out fails, the next one opens a new connection.
+    env.conn.execute("SELECT pg_terminate_backend(%s)", (opened[0],))
+    assert not presence.publish(snap, 2)
+    assert presence.publish(snap, 3)
+    assert len(opened) == 2 and opened[1] != opened[0]
+    presence.withdraw()
+    assert presence.conn is None and rows(env, "cyclone_supervisors") == []
+
+
 def test_a_slot_shared_during_a_reload_shows_the_busy_worker() -> None:
     old = handle(11, 1, lease=True, generation=0)
     new = handle(21, 1, generation=1)
@@ -95,6 +117,7 @@ def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv
     for name in ("alive", "dead"):
         presence = Presence(lambda: connect_briefly(env.dsn), host=name, pid=1)
         presence.publish(snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0), 0)
+        presence.close()  # as a supervisor that died: its rows stay
     env.conn.execute(
         "UPDATE cyclone_supervisors SET seen_at = now() - make_interval(secs => %s)"
         " WHERE host = 'dead'", [STALE_AFTER + 1],

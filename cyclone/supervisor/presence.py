@@ -2,11 +2,13 @@
 
 `cyclone status` and `cyclone workers` read `cyclone_supervisors` and `cyclone_workers` from
 any host. The supervisor upserts its rows from its loop every PUBLISH_INTERVAL, and sooner
-(but at most every MIN_GAP) when a worker leased or finished a step, on a short-lived
-connection, as all its writes are. A publish waits whenever a kill could fall due while it
-runs (`Arbiter.next_kill_at`): presence is a view, kills are the product. A clean exit deletes
-the rows; a supervisor that died leaves them to the scanner's presence sweep, which removes
-rows not seen for STALE_AFTER.
+(but at most every MIN_GAP) when a worker leased or finished a step. It keeps one connection
+for that (up to two publishes a second, each on a new connection, cost the server a backend
+start every time) and drops it on any error, so the next publish starts afresh. Children
+inherit its socket but never touch it, as with the LISTEN connection (see store.py). A
+publish waits whenever a kill could fall due while it runs (`Arbiter.next_kill_at`): presence
+is a view, kills are the product. A clean exit deletes the rows; a supervisor that died
+leaves them to the scanner's presence sweep, which removes rows not seen for STALE_AFTER.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Presence:
         self.last_try = float("-inf")
         self.failed = False
         self.published = False
+        self.conn: psycopg.Connection[Any] | None = None
 
     def mark_changed(self) -> None:
         self.changed = True
@@ -125,9 +128,11 @@ class Presence:
         self.last_try = now
         self.changed = False
         try:
-            with self.connect() as conn:
-                conn.execute(QUERIES["presence_publish"], snap.params(self.id, self.host, self.pid))
+            self.session().execute(
+                QUERIES["presence_publish"], snap.params(self.id, self.host, self.pid)
+            )
         except psycopg.Error as exc:
+            self.close()
             if not self.failed:
                 log.warning("cannot publish presence: %s", exc, extra={"action": "presence"})
             self.failed = True
@@ -140,10 +145,21 @@ class Presence:
 
     def withdraw(self) -> None:
         """A clean exit: our rows go now, not when the scanner finds them stale."""
-        if not self.published:
-            return
         try:
-            with self.connect() as conn:
-                conn.execute(QUERIES["presence_delete"], {"id": self.id})
+            if self.published:
+                self.session().execute(QUERIES["presence_delete"], {"id": self.id})
         except psycopg.Error as exc:
             log.warning("cannot withdraw presence (the scanner will): %s", exc)
+        finally:
+            self.close()
+
+    def session(self) -> psycopg.Connection[Any]:
+        """The kept connection, opened on first use and again after an error dropped it."""
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.conn = self.connect()
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
