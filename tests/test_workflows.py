@@ -426,17 +426,9 @@ def test_a_cancel_racing_a_chain_completion_leaves_no_live_step(env: TestEnv):
                 target=lambda: result.append(engine.cancel_run(canceller, run_id, now=env.now()))
             )
             thread.start()
-            blocked = (
-                "SELECT count(*) AS n FROM pg_stat_activity"
-                " WHERE wait_event_type = 'Lock' AND pid = %s"
-            )
-            pid = canceller.info.backend_pid
-            deadline = time.monotonic() + 10
-            while env.conn.execute(blocked, (pid,)).fetchone()["n"] == 0:
-                assert time.monotonic() < deadline, "the cancel never waited on the step"
-                time.sleep(0.01)
+            wait_for_lock_wait(env, canceller, "the cancel never waited on the step")
         thread.join(10)
-    assert result == [True]
+    assert not thread.is_alive() and result == [True]
     steps = {s.node: s for s in env.client.steps(run_id)}
     assert steps["first"].state == StepState.COMPLETED
     assert (steps["second"].state, steps["second"].error_kind) == (
@@ -454,17 +446,22 @@ def only(ctx):
     return 1
 
 
-def _complete_while_blocked(env: TestEnv, lease, hold: str, param: str):
-    """Run complete_and_lease on its own connection while another session holds `hold` (one
-    row, locked FOR UPDATE); return (whether a third session could lock the other run's
-    step while the completion waited, the completion's result)."""
-    other_step = (
-        "SELECT id FROM cyclone_steps WHERE run_id <> %s AND state = 'available' FOR UPDATE NOWAIT"
-    )
+def wait_for_lock_wait(env: TestEnv, conn: psycopg.Connection, what: str) -> None:
+    """Poll until `conn`'s session waits for a lock (10 s at most)."""
     blocked = (
         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid = %s"
     )
-    with connect(env.dsn) as worker, connect(env.dsn) as holder, connect(env.dsn) as probe:
+    deadline = time.monotonic() + 10
+    while env.conn.execute(blocked, (conn.info.backend_pid,)).fetchone()["n"] == 0:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def _complete_while_blocked(env: TestEnv, lease, hold: str, param, probe: str, probe_param):
+    """Run complete_and_lease on its own connection while another session holds `hold` (rows
+    locked FOR UPDATE); return (whether a third session could lock the available steps that
+    `probe` selects, with NOWAIT, while the completion waited; the completion's result)."""
+    with connect(env.dsn) as worker, connect(env.dsn) as holder, connect(env.dsn) as other:
         result: list = []
         with holder.transaction():
             holder.execute(hold, (param,))
@@ -472,18 +469,19 @@ def _complete_while_blocked(env: TestEnv, lease, hold: str, param: str):
                 engine.complete_and_lease(worker, lease, 1, worker="w", now=env.now())
             ))  # fmt: skip
             thread.start()
-            deadline = time.monotonic() + 10
-            while env.conn.execute(blocked, (worker.info.backend_pid,)).fetchone()["n"] == 0:
-                assert time.monotonic() < deadline, "the completion never waited"
-                time.sleep(0.01)
+            wait_for_lock_wait(env, worker, "the completion never waited")
             try:
-                with probe.transaction():
-                    probe.execute(other_step, (lease.run_id,)).fetchall()
+                with other.transaction():
+                    other.execute(probe + " FOR UPDATE NOWAIT", (probe_param,)).fetchall()
                 free = True
             except psycopg.errors.LockNotAvailable:
                 free = False
         thread.join(10)
+    assert not thread.is_alive() and len(result) == 1
     return free, result[0]
+
+
+OTHER_RUNS_STEPS = "SELECT id FROM cyclone_steps WHERE run_id <> %s AND state = 'available'"
 
 
 def test_a_completion_that_waits_for_its_run_holds_no_other_step(env: TestEnv):
@@ -493,8 +491,9 @@ def test_a_completion_that_waits_for_its_run_holds_no_other_step(env: TestEnv):
     lease = engine.lease_step(env.conn, worker="w", now=env.now())
     assert lease.run_id == a
     free, (done, nxt) = _complete_while_blocked(
-        env, lease, "SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", a
-    )
+        env, lease, "SELECT 1 FROM cyclone_runs WHERE id = %s FOR UPDATE", a,
+        OTHER_RUNS_STEPS, a,
+    )  # fmt: skip
     assert free
     assert done and (nxt.run_id, nxt.node) == (b, "only")
 
@@ -506,7 +505,41 @@ def test_a_chain_completion_picks_its_next_step_before_it_writes(env: TestEnv):
     lease = engine.lease_step(env.conn, worker="w", now=env.now())
     assert (lease.run_id, lease.node) == (a, "first")
     free, (done, nxt) = _complete_while_blocked(
-        env, lease, "SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", lease.step_id
-    )
+        env, lease, "SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", lease.step_id,
+        OTHER_RUNS_STEPS, a,
+    )  # fmt: skip
     assert not free
     assert done and (nxt.run_id, nxt.node) == (b, "first")
+
+
+branches = cyclone.Workflow("wf-branches")
+
+
+@branches.task()
+def head(ctx):
+    return 1
+
+
+@branches.task(after=[head])
+def tail(ctx):
+    return 2
+
+
+@branches.task()
+def aside(ctx):
+    return 3
+
+
+def test_a_chain_completion_never_picks_a_step_of_its_own_run(env: TestEnv):
+    """A cancel holds the run and takes its steps one by one: had the completion (waiting on
+    its own step) picked the run's other available step, each would wait for the other."""
+    a, b = env.client.submit_many(branches, [{}, {}])
+    lease = engine.lease_step(env.conn, worker="w", now=env.now())
+    assert (lease.run_id, lease.node) == (a, "head")
+    same_run = "SELECT id FROM cyclone_steps WHERE run_id = %s AND state = 'available'"
+    free, (done, nxt) = _complete_while_blocked(
+        env, lease, "SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", lease.step_id,
+        same_run, a,
+    )  # fmt: skip
+    assert free  # run a's `aside` was due first, yet left alone
+    assert done and nxt.run_id == b

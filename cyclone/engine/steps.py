@@ -94,10 +94,13 @@ def _next_lease(
     now: datetime | None,
     *,
     lease: bool,
+    other_than: str | None = None,
 ) -> dict[str, Any]:
-    """Parameters of the `_lease_next` fragment every lease and fast completion ends with."""
+    """Parameters of the `_lease_next` fragment every lease and fast completion ends with;
+    `other_than`: a run none of whose steps may be leased (the one being completed)."""
     return {
         "lease": lease,
+        "other_than": other_than,
         "worker": worker,
         "workflows": list(workflows) if workflows is not None else None,
         "ttl": lease_ttl,
@@ -188,7 +191,7 @@ def complete_and_lease(
         done = _complete_general(conn, lease, graph, params, now)
         nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
         return done, nxt
-    lease_next = _next_lease(worker, workflows, lease_ttl, now, lease=True)
+    lease_next = _next_lease(worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id)
     done, row = _complete_fast(conn, fast, {**params, **lease_next})
     return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
 

@@ -49,12 +49,16 @@ ON CONFLICT DO NOTHING;
 -- is what orders it: a bare `EXISTS (SELECT 1 FROM done)` would be checked once, before the
 -- scan. `held` is what the statement must hold before it locks a candidate: a run lock,
 -- taken first as every writer does (so no worker waits for a run while holding a step), or
--- `SELECT 1`.
+-- `SELECT 1`. A chain completion holds no run lock and waits on its own step's row once it
+-- has its candidate, so the candidate is never a step of that run (%(other_than)s): a writer
+-- holding the run (a cancel, the deadline sweep) takes that run's steps one by one, and
+-- would otherwise meet the worker holding one of them while it waited for another.
 candidate AS (
     SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
       FROM cyclone_steps s
       JOIN cyclone_runs r ON r.id = s.run_id
      WHERE %(lease)s::boolean AND EXISTS (SELECT 1 FROM held) AND s.state = 'available'
+       AND s.run_id IS DISTINCT FROM %(other_than)s::uuid
        AND s.available_at <= coalesce(%(now)s::timestamptz, now())
        AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
        AND r.state = 'running'
