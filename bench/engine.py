@@ -407,7 +407,10 @@ def lease_plans(conn: Any, workflow: str) -> tuple[str, str]:
     psycopg prepares a statement after 5 executions, and PostgreSQL may then switch to a
     generic plan, so both must use the partial index.
     """
-    params = {"lease": True, "worker": "explain", "workflows": [workflow], "ttl": 30.0, "now": None}
+    params = {
+        "lease": True, "worker": "explain", "workflows": [workflow], "ttl": 30.0, "now": None,
+        "other_than": None,
+    }  # fmt: skip
     rows = conn.execute("EXPLAIN " + QUERIES["step_lease"], params).fetchall()
     custom = "\n".join(r["QUERY PLAN"] for r in rows)
     names: list[str] = []

@@ -198,7 +198,14 @@ def test_hot_queries_use_their_partial_indexes_on_a_large_table(env: TestEnv):
     lease = _plan(
         env.conn,
         "step_lease",
-        {"lease": True, "worker": "w", "workflows": None, "ttl": 30, "now": now},
+        {
+            "lease": True,
+            "worker": "w",
+            "workflows": None,
+            "ttl": 30,
+            "now": now,
+            "other_than": None,
+        },
     )
     assert "cyclone_steps_available_idx" in lease
     deadlines = _plan(env.conn, "run_fail_deadline_passed", {"batch_size": 500, "now": now})

@@ -82,12 +82,12 @@ def lease_step(
     now: datetime | None = None,
 ) -> Lease | None:
     """Lease the oldest due step (of these workflows, when given), or None."""
-    params = _next_lease(worker, workflows, lease_ttl, now, lease=True)
+    params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
     row = conn.execute(QUERIES["step_lease"], params).fetchone()
     return _lease_from_row(row, lease_ttl) if row["id"] is not None else None
 
 
-def _next_lease(
+def _lease_params(
     worker: str | None,
     workflows: Sequence[str] | None,
     lease_ttl: float,
@@ -163,7 +163,7 @@ def complete_step(
     fast = _fast_completion(graph, lease)
     if fast is None:
         return _complete_general(conn, lease, graph, params, now)
-    nothing_next = _next_lease(None, None, lease.lease_ttl, now, lease=False)
+    nothing_next = _lease_params(None, None, lease.lease_ttl, now, lease=False)
     return _complete_fast(conn, fast, {**params, **nothing_next})[0]
 
 
@@ -191,7 +191,9 @@ def complete_and_lease(
         done = _complete_general(conn, lease, graph, params, now)
         nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
         return done, nxt
-    lease_next = _next_lease(worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id)
+    lease_next = _lease_params(
+        worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id
+    )
     done, row = _complete_fast(conn, fast, {**params, **lease_next})
     return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
 
