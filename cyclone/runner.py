@@ -1,8 +1,9 @@
 """Running one leased step: the part of a worker that is the same in every process.
 
 `execute` runs user code (a handler, a map's items, a child's input) and never writes;
-`record` writes the outcome, fenced by the lease. The worker process runs `execute` in a
-thread while it heartbeats; the test harness calls both in-process.
+`record` writes the outcome, fenced by the lease. The worker process runs `execute` in its
+main thread while its lease keeper (worker/keeper.py) renews the lease; the test harness calls
+both in-process.
 """
 
 from __future__ import annotations

@@ -246,10 +246,11 @@ SELECT node FROM cyclone_steps
 
 -- name: step_revoked
 -- Of the leases a supervisor's workers hold, those no longer valid, with why.
-SELECT h.step_id, s.error_kind, s.state
+-- A token is set only while its step runs (a CHECK says so), so the token alone decides.
+SELECT h.step_id, s.error_kind
   FROM unnest(%(step_ids)s::bigint[], %(tokens)s::uuid[]) AS h (step_id, token)
   LEFT JOIN cyclone_steps s ON s.id = h.step_id
- WHERE s.id IS NULL OR s.state <> 'running' OR s.lease_token IS DISTINCT FROM h.token;
+ WHERE s.id IS NULL OR s.lease_token IS DISTINCT FROM h.token;
 
 -- name: step_release
 -- Give a step back without spending an attempt: its worker was stopped by a shutdown, not by

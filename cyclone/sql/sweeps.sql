@@ -107,7 +107,7 @@ RETURNING s.id, s.run_id, s.node;
 -- name: run_delete_finished
 -- Retention: finished top-level runs older than the retention go, with their child runs and
 -- signals (ON DELETE CASCADE) and the steps of all of them (deleted here: steps carry no
--- foreign key, see migration 3). Returns one row per top-level run deleted.
+-- foreign key, see migration 3). Its row count is the number of top-level runs deleted.
 WITH RECURSIVE doomed AS (
     SELECT id FROM (SELECT id FROM cyclone_runs
                      WHERE finished_at < coalesce(%(now)s::timestamptz, now())

@@ -1,12 +1,13 @@
 """The supervisor's few database calls, and the LISTEN connection that wakes it on revocations.
 
-The writes here are rare (a revocation check, a killed worker's outcome), so they go through
-short-lived connections (connect, write, close). The long-lived LISTEN connection LISTENs on
-`cyclone_revoked` and does nothing else, so every notification reaches the loop; presence
-keeps one of its own (presence.py), as it writes up to twice a second. Children inherit the
-sockets of both but never touch them: psycopg only finishes a libpq connection in the process
-that opened it, and a child leaves through os._exit, so the supervisor's sessions are never
-closed from a child.
+Its calls here are rare (a revocation check when notified, and every poll interval, ten times
+longer with notifications working; a killed worker's outcome; a deadline sweep before a kill),
+so they go through short-lived connections (connect, query, close). The long-lived LISTEN
+connection does nothing else, so every notification reaches the loop; presence keeps one of
+its own (presence.py), as it writes up to twice a second. Children inherit the sockets of both
+but never touch them: psycopg only finishes a libpq connection in the process that opened it,
+and a child leaves through os._exit, so the supervisor's sessions are never closed from a
+child.
 """
 
 from __future__ import annotations
