@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
 # Payloads live in rows that every lease and listing reads: keep them small by default.
@@ -43,6 +44,15 @@ def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connectio
     return psycopg.connect(
         dsn, autocommit=True, row_factory=dict_row, fallback_application_name=name, **kwargs
     )
+
+
+def with_options(dsn: str, options: str) -> str:
+    """The DSN with server `options` added to any it has (a search_path, say)."""
+    if not options:
+        return dsn
+    params = conninfo_to_dict(dsn)
+    params["options"] = f"{params.get('options') or ''} {options}".strip()
+    return make_conninfo(**params)  # type: ignore[arg-type]
 
 
 def check_json(value: Any, what: str = "value") -> None:

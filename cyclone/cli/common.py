@@ -21,11 +21,11 @@ from enum import Enum
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
-from cyclone.db import connect, is_step_id, resolve_dsn
+from cyclone.db import connect, is_step_id, resolve_dsn, with_options
 
 # Exit statuses (SPEC section 8).
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -135,13 +135,6 @@ class Session:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-
-def with_options(dsn: str, options: str) -> str:
-    """The DSN with server `options` added to any it has (a search_path, say)."""
-    params = conninfo_to_dict(dsn)
-    params["options"] = f"{params.get('options') or ''} {options}".strip()
-    return make_conninfo(**params)  # type: ignore[arg-type]
 
 
 def redact(dsn: str, text: str) -> str:

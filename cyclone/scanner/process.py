@@ -23,6 +23,7 @@ from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import scanner_title, set_title
 from cyclone.supervisor.store import connect_briefly
 from cyclone.worker.process import (
+    CONNECT_TIMEOUT,
     ChildExit,
     Wakeup,
     check_parent,
@@ -97,8 +98,9 @@ class Scanner:
 
     def connect(self) -> psycopg.Connection[Any]:
         return connect_briefly(
-            self.options.dsn, int(self.options.statement_timeout * 1000), name="cyclone-scanner"
-        )
+            self.options.dsn, int(self.options.statement_timeout * 1000), name="cyclone-scanner",
+            connect_timeout=CONNECT_TIMEOUT,
+        )  # fmt: skip
 
     def loop(self) -> int:
         while not self.stop_requested:

@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone import engine
-from cyclone.db import connect
+from cyclone.db import connect, with_options
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind
 
@@ -36,18 +35,14 @@ PROBE_TIMEOUT = 1.0
 LISTEN = "LISTEN cyclone_revoked"
 
 
-def with_options(dsn: str, options: str) -> str:
-    """The DSN with server `options` appended to any it has (a search_path, say)."""
-    params = conninfo_to_dict(dsn)
-    params["options"] = f"{params.get('options') or ''} {options}".strip()
-    return make_conninfo(**params)  # type: ignore[arg-type]
-
-
 def connect_briefly(
-    dsn: str, statement_timeout_ms: int = STATEMENT_TIMEOUT_MS, name: str = "cyclone-supervisor"
+    dsn: str,
+    statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+    name: str = "cyclone-supervisor",
+    connect_timeout: int = CONNECT_TIMEOUT,
 ) -> psycopg.Connection[Any]:
     dsn = with_options(dsn, f"-c statement_timeout={statement_timeout_ms}")
-    return connect(dsn, name, connect_timeout=CONNECT_TIMEOUT)
+    return connect(dsn, name, connect_timeout=connect_timeout)
 
 
 class Listener:
