@@ -73,6 +73,7 @@ def test_counters_and_dlq_depth_match_the_kills_that_happened(env, supervisor, t
 def test_presence_rows_follow_the_workers_and_go_on_a_clean_exit(env, supervisor, tmp_path):
     from proc_flows import stubborn
 
+    before = env.conn.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
     sup = supervisor(workers=2)
     run_id = env.client.submit(stubborn, {"dir": str(tmp_path)})
 
@@ -85,11 +86,14 @@ def test_presence_rows_follow_the_workers_and_go_on_a_clean_exit(env, supervisor
     row = wait_for(busy_row, 10, "a busy worker row")
     assert (str(row["run_id"]), row["workflow"], row["node"]) == (run_id, "proc-stubborn", "hang")
     assert row["sup_pid"] == sup.pid and row["pid"] in sup.workers()
-    # pg_stat_activity names each process's session.
+    # pg_stat_activity names each of this supervisor's sessions (LISTEN and presence kept).
     names = {r["application_name"] for r in env.conn.execute(
-        "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+        "SELECT application_name FROM pg_stat_activity"
+        " WHERE datname = current_database() AND backend_start >= %s", (before,),
     )}  # fmt: skip
-    assert {"cyclone-worker-1", "cyclone-worker-2", "cyclone-scanner"} <= names
+    assert {
+        "cyclone-worker-1", "cyclone-worker-2", "cyclone-scanner", "cyclone-supervisor",
+    } <= names  # fmt: skip
     env.client.cancel(run_id)
     wait_for(lambda: not busy_row(), 10, "the worker row to turn idle")
     sup.popen.send_signal(signal.SIGTERM)
