@@ -84,7 +84,7 @@ def lease_step(
     """Lease the oldest due step (of these workflows, when given), or None."""
     params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
     row = conn.execute(QUERIES["step_lease"], params).fetchone()
-    return _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+    return _lease_from_row(row, lease_ttl)
 
 
 def _lease_params(
@@ -108,7 +108,10 @@ def _lease_params(
     }
 
 
-def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease:
+def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
+    """The lease the `_lease_next` fragment's row carries, or None when it took none."""
+    if row["id"] is None:
+        return None
     return Lease(
         step_id=row["id"],
         run_id=row["run_id"],
@@ -195,7 +198,7 @@ def complete_and_lease(
         worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id
     )
     done, row = _complete_fast(conn, fast, {**params, **lease_next})
-    return done, _lease_from_row(row, lease_ttl) if row["id"] is not None else None
+    return done, _lease_from_row(row, lease_ttl)
 
 
 def _completion_params(

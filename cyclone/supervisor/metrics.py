@@ -44,7 +44,7 @@ class Metrics:
     def __init__(self, connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.children: dict[int, WorkerHandle] = {}
-        self._children: dict[tuple[Any, ...], Any] = {}  # labelled children, see _child
+        self._labelled: dict[tuple[Any, ...], Any] = {}  # labelled children, see _child
         r = self.registry
         self.leases = Counter("cyclone_leases", "Steps leased", ["workflow", "node"], registry=r)
         self.steps = Counter(
@@ -91,9 +91,9 @@ class Metrics:
         # `labels()` costs microseconds (validation, a lock); twice a step it added up. The
         # label values are bounded (workflows and nodes the supervisor loaded), so is this.
         key = (id(metric), *labels)
-        child = self._children.get(key)
+        child = self._labelled.get(key)
         if child is None:
-            child = self._children[key] = metric.labels(*labels)
+            child = self._labelled[key] = metric.labels(*labels)
         return child
 
     def killed(self, reason: KillReason) -> None:
