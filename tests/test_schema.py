@@ -76,7 +76,7 @@ def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
             assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
         with pytest.raises(psycopg.errors.CheckViolation) as caught:
             conn.execute("UPDATE cyclone_steps SET state = 'running'")
-        assert caught.value.diag.constraint_name == "cyclone_steps_rules"  # migration 3's
+        assert caught.value.diag.constraint_name == "cyclone_steps_rules"  # migration 5's
 
 
 def test_a_running_step_must_hold_a_lease_token(env: TestEnv):
@@ -89,7 +89,8 @@ def test_a_running_step_must_hold_a_lease_token(env: TestEnv):
         env.conn.execute("UPDATE cyclone_steps SET state = 'completed'")
 
 
-# Each rule of migration 0003's rule functions, broken one at a time on a valid row.
+# Each rule of the rule triggers (migration 5) and the domains (migration 3), broken one at a
+# time on a valid row.
 STEP_BREAKS = [
     "state = 'running'",  # running without a lease
     "lease_token = gen_random_uuid()",  # a lease on a step that is not running
@@ -130,6 +131,38 @@ def test_each_rule_rejects_a_row_that_breaks_it(env: TestEnv, table: str, change
     assert env.client.get_run(run_id).state == RunState.RUNNING
     (step,) = env.client.steps(run_id)
     assert step.state == StepState.WAITING and step.attempt == 0
+
+
+@pytest.mark.parametrize(
+    ("table", "change", "rule"),
+    [
+        ("cyclone_steps", "state = 'running'", "lease_token is set exactly while"),
+        ("cyclone_steps", "output = '1'", "only a completed step has output"),
+        ("cyclone_runs", "paused_at = now()", "paused_at is set exactly while"),
+    ],
+)
+def test_a_broken_rule_names_its_constraint_and_the_rule(env: TestEnv, table, change, rule):
+    wf = cyclone.Workflow("schema-rule-detail")
+    wf.wait("w")
+    env.client.submit(wf, {})
+    with pytest.raises(psycopg.errors.CheckViolation) as caught:
+        env.conn.execute(f"UPDATE {table} SET {change}")
+    diag = caught.value.diag
+    assert (diag.constraint_name, diag.table_name) == (f"{table}_rules", table)
+    assert rule in (diag.message_detail or "")
+
+
+def test_the_rules_are_triggers_and_no_check_constraint_is_left(env: TestEnv):
+    checks = env.conn.execute(
+        "SELECT conname FROM pg_constraint WHERE contype = 'c'"
+        " AND conrelid IN ('cyclone_steps'::regclass, 'cyclone_runs'::regclass)"
+    ).fetchall()
+    triggers = env.conn.execute(
+        "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+        " AND tgrelid IN ('cyclone_steps'::regclass, 'cyclone_runs'::regclass) ORDER BY 1"
+    ).fetchall()
+    assert checks == []
+    assert [t["tgname"] for t in triggers] == ["cyclone_runs_rules", "cyclone_steps_rules"]
 
 
 def test_rows_that_keep_every_rule_are_accepted(env: TestEnv):
