@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import cyclone
 from cyclone import GraphError, PayloadTooLarge, RunNotFound, WorkflowNotFound
-from cyclone.db import MAX_PAYLOAD_BYTES, connect, encode_json
+from cyclone.db import MAX_PAYLOAD_BYTES, connect, encode_json, text_array
 from cyclone.states import ErrorKind, RunState, StepState
 from cyclone.testing import TestEnv
 from cyclone.workflow import Graph, NodeSpec
@@ -675,3 +675,18 @@ def test_any_text_as_a_signal_name_is_kept_or_rejected_with_value_error(
         return
     assert delivered is True
     assert counts(shared_env)["cyclone_signals"] == before["cyclone_signals"] + 1
+
+
+# Any text PostgreSQL can store (no NUL; lone surrogates cannot be encoded at all).
+stored_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+
+
+@HYPOTHESIS
+@given(names=st.lists(stored_text, max_size=5))
+def test_the_text_array_literal_reads_back_as_the_same_names(
+    shared_env: TestEnv, names: list[str]
+) -> None:
+    # Workflow names reach the lease query as one literal (quotes, backslashes, braces, commas,
+    # spaces and the word NULL included), made once per worker.
+    row = shared_env.conn.execute("SELECT %s::text[] AS names", (text_array(tuple(names)),))
+    assert row.fetchone()["names"] == names

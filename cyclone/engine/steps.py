@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import encode_json, retrying
+from cyclone.db import encode_json, retrying, text_array
 from cyclone.engine.advance import (
     RunRef,
     fail_run,
@@ -102,7 +102,7 @@ def _lease_params(
         "lease": lease,
         "other_than": other_than,
         "worker": worker,
-        "workflows": list(workflows) if workflows is not None else None,
+        "workflows": text_array(tuple(workflows)) if workflows is not None else None,
         "ttl": lease_ttl,
         "now": now,
     }
