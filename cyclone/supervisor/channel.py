@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, NoReturn
@@ -146,14 +148,59 @@ _DECODER = json.JSONDecoder()
 
 
 def encode(message: Message) -> bytes:
-    # Flat messages: a dict of the fields, without asdict's deep copy.
-    data = {name: getattr(message, name) for name in _names(type(message))}
-    body = _ENCODER.encode(data) if data else ""
-    line = f"{message.verb} {body}".rstrip() + "\n"
+    fast = _FAST.get(type(message))
+    if fast is not None:
+        line = fast(message)
+    else:
+        # Flat messages: a dict of the fields, without asdict's deep copy.
+        data = {name: getattr(message, name) for name in _names(type(message))}
+        body = _ENCODER.encode(data) if data else ""
+        line = f"{message.verb} {body}".rstrip() + "\n"
     raw = line.encode()
     if len(raw) > MAX_LINE:
         raise ProtocolError(f"{message.verb} message is {len(raw)} bytes, over {MAX_LINE}")
     return raw
+
+
+# The two messages of every step, written out by hand: the same bytes as the generic path
+# above (a test holds them to it), without building a dict for the JSON encoder. Measured
+# with callgrind, the generic path cost a worker about 80k instructions a step, the largest
+# part of what the worker adds to the engine's own loop.
+def _str(value: str | None) -> str:
+    if value is None:
+        return "null"
+    # Nothing in it that JSON escapes (checked by str methods: a regex cost three times more).
+    if value.isascii() and value.isprintable() and '"' not in value and "\\" not in value:
+        return f'"{value}"'
+    return _ENCODER.encode(value)
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "null"
+    return repr(value) if math.isfinite(value) else _ENCODER.encode(value)
+
+
+def _bool(value: bool | None) -> str:
+    return "null" if value is None else ("true" if value else "false")
+
+
+def _encode_leased(m: Leased) -> str:
+    return (
+        f'leased {{"step_id":{m.step_id},"token":{_str(m.token)},"run_id":{_str(m.run_id)},'
+        f'"workflow":{_str(m.workflow)},"node":{_str(m.node)},"attempt":{m.attempt},'
+        f'"kill_after":{_num(m.kill_after)},"deadline_left":{_num(m.deadline_left)}}}\n'
+    )
+
+
+def _encode_done(m: Done) -> str:
+    return (
+        f'done {{"step_id":{m.step_id},"outcome":{_str(m.outcome)},"duration":{_num(m.duration)},'
+        f'"error":{_str(m.error)},"retry":{_bool(m.retry)}}}\n'
+    )
+
+
+_FAST: dict[type[Any], Callable[[Any], str]] = {Leased: _encode_leased, Done: _encode_done}
 
 
 def decode(line: bytes) -> Message:
@@ -195,7 +242,7 @@ class Channel:
 
     def send(self, *messages: Message) -> None:
         """Write the messages' lines in one write: the supervisor wakes once for all of them."""
-        data = b"".join(encode(m) for m in messages)
+        data = b"".join([encode(m) for m in messages])
         while data:
             written = os.write(self.fd, data)
             data = data[written:]
