@@ -543,3 +543,18 @@ def test_a_chain_completion_never_picks_a_step_of_its_own_run(env: TestEnv):
     )  # fmt: skip
     assert free  # run a's `aside` was due first, yet left alone
     assert done and nxt.run_id == b
+
+
+def test_each_connection_reuses_one_cursor_for_its_per_step_statements(env: TestEnv):
+    from cyclone.db import step_cursor
+
+    first = step_cursor(env.conn)
+    assert step_cursor(env.conn) is first
+    with connect(env.dsn) as other:
+        assert step_cursor(other) is not first
+    first.close()  # someone closed it: the next step gets a fresh one, not an error
+    replaced = step_cursor(env.conn)
+    assert replaced is not first and not replaced.closed
+    env.register(two_tasks)
+    run_id = env.client.submit(two_tasks, {})
+    assert env.run_until_complete(run_id).state == RunState.COMPLETED

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import encode_json, retrying, text_array
+from cyclone.db import encode_json, retrying, step_cursor, text_array
 from cyclone.engine.advance import (
     RunRef,
     fail_run,
@@ -83,7 +83,7 @@ def lease_step(
 ) -> Lease | None:
     """Lease the oldest due step (of these workflows, when given), or None."""
     params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
-    row = conn.execute(QUERIES["step_lease"], params).fetchone()
+    row = step_cursor(conn).execute(QUERIES["step_lease"], params).fetchone()
     return _lease_from_row(row, lease_ttl)
 
 
@@ -236,7 +236,9 @@ def _complete_fast(
 ) -> tuple[bool, dict[str, Any]]:
     """Run a one-statement completion; (whether it was recorded, its row with any next lease)."""
     query, extra = fast
-    row = retrying(lambda: conn.execute(QUERIES[query], {**params, **extra}).fetchone())
+    row = retrying(
+        lambda: step_cursor(conn).execute(QUERIES[query], {**params, **extra}).fetchone()
+    )
     return bool(row["completed"]), row
 
 
