@@ -1,6 +1,7 @@
 """Instructions a step costs the PostgreSQL backend, counted by callgrind: the same every run.
 
     python bench/instructions.py [--shapes 1,5] [--steps 100] [--fill 4000]
+    python bench/instructions.py --client
 
 Throughput figures on a shared 2-core VM move by 15% from one rep to the next, more than most
 changes to a statement are worth. Instruction counts do not: the same schema, statements and
@@ -16,6 +17,12 @@ totals, divided by `--steps`, is the cost of a step with every statement prepare
 connection start and planning cancel out. Needs valgrind (Debian
 package `valgrind`). Under valgrind the server is about 50 times slower: a run takes a minute
 or two. It prints figures and asserts nothing.
+
+With `--client` it counts the Python side instead, on the embedded test server: the engine's
+own loop (bench/engine.py's) and a real worker process's loop (`cyclone.worker.loop.Worker`,
+its pipe read by this process, as the supervisor would), each run under callgrind for 300 and
+for 900 1-step steps. The difference per step is what a step costs that process; what the
+worker adds over the engine's loop is the runtime's own share of a step.
 """
 
 from __future__ import annotations
@@ -35,11 +42,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine import SYSTEMS, baseline_fill, connect, engine_fill
+from engine import SHAPES, SYSTEMS, baseline_fill, connect, engine_fill
 
-from cyclone.testing import TestEnv
+from cyclone.testing import TestEnv, server_dsn
 
 BASE_STEPS = 20
+CLIENT_STEPS = (300, 900)
 
 
 @contextlib.contextmanager
@@ -136,12 +144,80 @@ def per_step(dsn: str, folder: Path, system: str, shape: int, fill: int, steps: 
     return (long - short) / steps
 
 
+def client_child(mode: str, dsn: str, steps: int, fd: int) -> int:
+    """Under valgrind: drain `steps` 1-step runs as the engine's loop or as a real worker."""
+    if mode == "engine":
+        conn: Any = connect("engine", dsn)
+        step = SYSTEMS["engine"][0](conn, "bench", 1)
+        for _ in range(steps):
+            if not step():
+                raise RuntimeError("the queue ran dry")
+        return 0
+    from cyclone.worker.loop import Worker, WorkerOptions
+    from cyclone.workflow import Registry
+
+    options = WorkerOptions(
+        number=1, dsn=dsn, lease_ttl=30.0, heartbeat_interval=5.0, poll_interval=0.1,
+        max_steps=steps,
+    )  # fmt: skip
+    Worker(options, Registry([SHAPES[1]]), os.getppid()).run(fd)
+    return 0
+
+
+def client_total(mode: str, steps: int, folder: Path) -> int:
+    """Instructions of one client process that drained `steps` steps of a fresh schema."""
+    with TestEnv(dsn=server_dsn()) as env:
+        engine_fill(env, 1, steps + 10)  # here, outside valgrind: the fill is not counted
+        env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+        out = folder / f"{mode}-{steps}.out"
+        read_fd, write_fd = os.pipe()
+        child = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+             __file__, "--client-child", mode, env.dsn, str(steps), str(write_fd)],
+            pass_fds=[write_fd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        os.close(write_fd)
+        while os.read(read_fd, 65536):  # the worker's messages, read as the supervisor would
+            pass
+        os.close(read_fd)
+        if child.wait() != 0:
+            raise RuntimeError(f"the {mode} loop under valgrind failed")
+        found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
+        assert found is not None, out
+        return int(found.group(1))
+
+
+def client_figures() -> None:
+    if shutil.which("valgrind") is None:
+        sys.exit("instructions.py needs valgrind (Debian: apt-get install valgrind)")
+    folder = Path(tempfile.mkdtemp(prefix="cyclone-callgrind-"))
+    try:
+        short, long = CLIENT_STEPS
+        print(f"Client instructions per 1-step step (callgrind, {short} and {long} steps):")
+        found = {}
+        for mode in ("engine", "worker"):
+            totals = [client_total(mode, n, folder) for n in CLIENT_STEPS]
+            found[mode] = (totals[1] - totals[0]) / (long - short)
+            print(f"  {mode} loop {found[mode] / 1000:9,.0f}k", flush=True)
+        print(f"  the worker process adds {(found['worker'] - found['engine']) / 1000:,.0f}k")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--client-child"]:
+        mode, dsn, steps, fd = argv[1:5]
+        return client_child(mode, dsn, int(steps), int(fd))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default="1,5")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--fill", type=int, default=4000)
+    parser.add_argument("--client", action="store_true", help="count the Python side instead")
     args = parser.parse_args(argv)
+    if args.client:
+        client_figures()
+        return 0
     shapes = [int(s) for s in args.shapes.split(",")]
     if args.fill < 2 * (BASE_STEPS + args.steps) + 100:
         parser.error("--fill must leave room for both drains")
