@@ -7,7 +7,6 @@ import functools
 import json
 import math
 import os
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -98,17 +97,18 @@ def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES)
 # One cursor per connection for the statements of every step (a lease, a completion with the
 # next lease). psycopg sets a new cursor up, adapters and all, for every conn.execute: reusing
 # one saved about 15 µs of a worker's CPU per statement (measured). Used only by the thread
-# that leases and completes; the lease keeper's heartbeats take cursors of their own.
-_STEP_CURSORS: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Cursor[Any]] = (
-    weakref.WeakKeyDictionary()
-)
+# that leases and completes; the lease keeper's heartbeats take cursors of their own. It is
+# kept on the connection itself: a cursor holds its connection, so a table of them would keep
+# every connection alive, while this reference cycle goes with the connection.
+_STEP_CURSOR = "_cyclone_step_cursor"
 
 
 def step_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     """The connection's reused cursor for per-step statements (see above)."""
-    cursor = _STEP_CURSORS.get(conn)
+    cursor: psycopg.Cursor[Any] | None = getattr(conn, _STEP_CURSOR, None)
     if cursor is None or cursor.closed:
-        cursor = _STEP_CURSORS[conn] = conn.cursor()
+        cursor = conn.cursor()
+        setattr(conn, _STEP_CURSOR, cursor)
     return cursor
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import psycopg
@@ -550,8 +552,13 @@ def test_each_connection_reuses_one_cursor_for_its_per_step_statements(env: Test
 
     first = step_cursor(env.conn)
     assert step_cursor(env.conn) is first
-    with connect(env.dsn) as other:
-        assert step_cursor(other) is not first
+    other = connect(env.dsn)
+    assert step_cursor(other) is not first
+    other.close()
+    gone = weakref.ref(other)
+    del other
+    gc.collect()
+    assert gone() is None  # the reused cursor does not keep its connection alive
     first.close()  # someone closed it: the next step gets a fresh one, not an error
     replaced = step_cursor(env.conn)
     assert replaced is not first and not replaced.closed
