@@ -152,6 +152,26 @@ def test_a_broken_rule_names_its_constraint_and_the_rule(env: TestEnv, table, ch
     assert rule in (diag.message_detail or "")
 
 
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [
+        ("cyclone_steps", "state"),
+        ("cyclone_steps", "attempt"),
+        ("cyclone_steps", "max_attempts"),
+        ("cyclone_runs", "state"),
+    ],
+)
+def test_a_null_in_a_not_null_column_is_named_by_not_null_not_by_the_rules(
+    env: TestEnv, table: str, column: str
+):
+    wf = cyclone.Workflow("schema-rule-null")
+    wf.wait("w")
+    env.client.submit(wf, {})
+    with pytest.raises(psycopg.errors.NotNullViolation) as caught:
+        env.conn.execute(f"UPDATE {table} SET {column} = NULL")
+    assert caught.value.diag.column_name == column
+
+
 def test_the_rules_are_triggers_and_no_check_constraint_is_left(env: TestEnv):
     checks = env.conn.execute(
         "SELECT conname FROM pg_constraint WHERE contype = 'c'"

@@ -81,7 +81,11 @@ def lease_step(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
 ) -> Lease | None:
-    """Lease the oldest due step (of these workflows, when given), or None."""
+    """Lease the oldest due step (of these workflows, when given), or None.
+
+    Like `complete_and_lease`, it runs on the connection's reused cursor (`step_cursor`): call
+    it from one thread per connection, as psycopg cursors are not shared between threads.
+    """
     params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
     row = step_cursor(conn).execute(QUERIES["step_lease"], params).fetchone()
     return _lease_from_row(row, lease_ttl)
@@ -185,7 +189,8 @@ def complete_and_lease(
 
     Returns (whether the completion was recorded, the next lease or None). A lost lease
     records nothing and leases nothing. Steps without a one-statement completion (joins, map
-    items, child runs) are completed, then the next step leased, as two statements.
+    items, child runs) are completed, then the next step leased, as two statements. One
+    thread per connection: see `lease_step`.
     """
     params = _completion_params(lease, output, encoded, now)
     graph = graph_by_hash(conn, lease.graph_hash)

@@ -15,14 +15,18 @@
 CREATE FUNCTION cyclone_steps_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- A running step holds a lease; a step that ended has completed_at; a dead step says
-    -- why; only a completed step has output.
-    IF (NEW.lease_token IS NOT NULL) = (NEW.state = 'running')
-       AND (NEW.lease_expires_at IS NOT NULL) = (NEW.state = 'running')
-       AND (NEW.completed_at IS NOT NULL) = (NEW.state IN ('completed', 'dead', 'discarded'))
-       AND (NEW.error_kind IS NOT NULL OR NEW.state <> 'dead')
-       AND (NEW.output IS NULL OR NEW.state = 'completed')
-       AND NEW.attempt >= 0 AND NEW.max_attempts >= 1
-       AND (NEW.item_index IS NULL OR NEW.item_index >= 0) THEN
+    -- why; only a completed step has output. A NULL in a NOT NULL column is let through, for
+    -- the NOT NULL constraint (checked after this trigger) to name the column, as it did
+    -- when these were CHECKs, which pass on NULL.
+    IF NEW.state IS NULL OR NEW.attempt IS NULL OR NEW.max_attempts IS NULL
+       OR ((NEW.lease_token IS NOT NULL) = (NEW.state = 'running')
+           AND (NEW.lease_expires_at IS NOT NULL) = (NEW.state = 'running')
+           AND (NEW.completed_at IS NOT NULL) = (NEW.state IN ('completed', 'dead', 'discarded'))
+           AND (NEW.error_kind IS NOT NULL OR NEW.state <> 'dead')
+           AND (NEW.output IS NULL OR NEW.state = 'completed')
+           AND NEW.attempt >= 0 AND NEW.max_attempts >= 1
+           AND (NEW.item_index IS NULL OR NEW.item_index >= 0))
+    THEN
         RETURN NEW;
     END IF;
     RAISE check_violation USING
@@ -48,11 +52,13 @@ $$;
 
 CREATE FUNCTION cyclone_runs_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF (NEW.finished_at IS NOT NULL) = (NEW.state IN ('completed', 'failed', 'cancelled'))
-       AND (NEW.paused_at IS NOT NULL) = (NEW.state = 'paused')
-       AND (NEW.output IS NULL OR NEW.state = 'completed')
-       -- A child run is bounded by its parent's deadline and its node's max_wait, never its own.
-       AND NOT (NEW.parent_run_id IS NOT NULL AND NEW.deadline_at IS NOT NULL) THEN
+    IF NEW.state IS NULL  -- NOT NULL names it (see above)
+       OR ((NEW.finished_at IS NOT NULL) = (NEW.state IN ('completed', 'failed', 'cancelled'))
+           AND (NEW.paused_at IS NOT NULL) = (NEW.state = 'paused')
+           AND (NEW.output IS NULL OR NEW.state = 'completed')
+           -- A child run is bounded by its parent's deadline and its node's max_wait only.
+           AND NOT (NEW.parent_run_id IS NOT NULL AND NEW.deadline_at IS NOT NULL))
+    THEN
         RETURN NEW;
     END IF;
     RAISE check_violation USING
