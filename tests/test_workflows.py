@@ -14,7 +14,7 @@ import pytest
 
 import cyclone
 from cyclone import ErrorKind, RunState, StepState, engine
-from cyclone.db import connect
+from cyclone.db import connect, step_cursor
 from cyclone.testing import TestEnv
 
 two_tasks = cyclone.Workflow("wf-two-tasks")
@@ -548,8 +548,6 @@ def test_a_chain_completion_never_picks_a_step_of_its_own_run(env: TestEnv):
 
 
 def test_each_connection_reuses_one_cursor_for_its_per_step_statements(env: TestEnv):
-    from cyclone.db import step_cursor
-
     first = step_cursor(env.conn)
     assert step_cursor(env.conn) is first
     other = connect(env.dsn)
