@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import cyclone
 from cyclone.db import connect
@@ -150,6 +152,117 @@ def test_a_broken_rule_names_its_constraint_and_the_rule(env: TestEnv, table, ch
     diag = caught.value.diag
     assert (diag.constraint_name, diag.table_name) == (f"{table}_rules", table)
     assert rule in (diag.message_detail or "")
+
+
+# The rules as the trigger functions (migration 6) must read: for each, the text that names
+# it and when a row breaks it. None stands for NULL; a rule on a NULL is not broken.
+STEP_RULES = [
+    ("lease_token is set exactly while the step is running",
+     lambda r: (r["lease_token"] is not None) != (r["state"] == "running")),
+    ("lease_expires_at is set exactly while the step is running",
+     lambda r: (r["lease_expires_at"] is not None) != (r["state"] == "running")),
+    ("completed_at is set exactly once the step ended",
+     lambda r: (r["completed_at"] is not None)
+     != (r["state"] in ("completed", "dead", "discarded"))),
+    ("a dead step has an error_kind",
+     lambda r: r["error_kind"] is None and r["state"] == "dead"),
+    ("only a completed step has output",
+     lambda r: r["output"] is not None and r["state"] != "completed"),
+    ("attempt >= 0 and max_attempts >= 1",
+     lambda r: not (r["attempt"] >= 0 and r["max_attempts"] >= 1)),
+    ("item_index >= 0", lambda r: r["item_index"] is not None and r["item_index"] < 0),
+]  # fmt: skip
+RUN_RULES = [
+    ("finished_at is set exactly once the run ended",
+     lambda r: (r["finished_at"] is not None)
+     != (r["state"] in ("completed", "failed", "cancelled"))),
+    ("paused_at is set exactly while the run is paused",
+     lambda r: (r["paused_at"] is not None) != (r["state"] == "paused")),
+    ("only a completed run has output",
+     lambda r: r["output"] is not None and r["state"] != "completed"),
+    ("a child run has no deadline of its own",
+     lambda r: r["parent_run_id"] is not None and r["deadline_at"] is not None),
+]  # fmt: skip
+NOW = "2026-01-01T00:00:00Z"
+UUID = "00000000-0000-4000-8000-000000000001"
+OWN_ID = "<the run's own id>"  # parent_run_id must name a run that exists
+# Rows that keep every rule, one per state; the examples change up to three columns of one.
+VALID_STEPS = {
+    "available": {}, "waiting": {}, "running": {"lease_token": UUID, "lease_expires_at": NOW},
+    "completed": {"completed_at": NOW, "output": "1"},
+    "dead": {"completed_at": NOW, "error_kind": "error"},
+    "discarded": {"completed_at": NOW, "error_kind": "cancelled"},
+}  # fmt: skip
+STEP_OTHER = {"lease_token": UUID, "lease_expires_at": NOW, "completed_at": NOW,
+              "error_kind": "error", "output": "1"}  # fmt: skip
+VALID_RUNS = {
+    "running": {}, "paused": {"paused_at": NOW}, "completed": {"finished_at": NOW, "output": "1"},
+    "failed": {"finished_at": NOW}, "cancelled": {"finished_at": NOW},
+}  # fmt: skip
+RUN_OTHER = {"finished_at": NOW, "paused_at": NOW, "output": "1", "parent_run_id": OWN_ID,
+             "deadline_at": NOW}  # fmt: skip
+NUMBERS = {"attempt": (0, -1), "max_attempts": (1, 0), "item_index": (None, -1)}
+
+
+@st.composite
+def step_rows(draw) -> dict:
+    state = draw(st.sampled_from(sorted(VALID_STEPS)))
+    flips = draw(st.sets(st.sampled_from(sorted([*STEP_OTHER, *NUMBERS])), max_size=3))
+    row = {"state": state}
+    for column, other in STEP_OTHER.items():
+        kept = VALID_STEPS[state].get(column)
+        row[column] = (other if kept is None else None) if column in flips else kept
+    for column, (kept, broken) in NUMBERS.items():
+        row[column] = broken if column in flips else kept
+    return row
+
+
+@st.composite
+def run_rows(draw) -> dict:
+    state = draw(st.sampled_from(sorted(VALID_RUNS)))
+    flips = draw(st.sets(st.sampled_from(sorted(RUN_OTHER)), max_size=3))
+    row = {"state": state}
+    for column, other in RUN_OTHER.items():
+        kept = VALID_RUNS[state].get(column)
+        row[column] = (other if kept is None else None) if column in flips else kept
+    return row
+
+
+def _rules_hold_as_modelled(env: TestEnv, table: str, rules, row: dict) -> None:
+    broken = [text for text, breaks in rules if breaks(row)]
+    sets = ", ".join(
+        f"{column} = id" if value == OWN_ID else f"{column} = %({column})s"
+        for column, value in row.items()
+    )
+    # Every example writes the one row of a table that holds only it (the rollback keeps it).
+    if not env.conn.execute("SELECT 1 FROM cyclone_runs").fetchone():
+        env.client.submit(RULES_WF, {})
+    try:
+        with env.conn.transaction(force_rollback=True):
+            env.conn.execute(f"UPDATE {table} SET {sets}", row)
+    except psycopg.errors.CheckViolation as exc:
+        assert exc.diag.constraint_name == f"{table}_rules", exc
+        assert exc.diag.message_detail == "; ".join(broken), row
+    else:
+        assert broken == [], f"{row} breaks {broken} but was accepted"
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(row=step_rows())
+def test_the_step_rules_accept_and_name_exactly_what_the_model_says(env: TestEnv, row):
+    _rules_hold_as_modelled(env, "cyclone_steps", STEP_RULES, row)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(row=run_rows())
+def test_the_run_rules_accept_and_name_exactly_what_the_model_says(env: TestEnv, row):
+    _rules_hold_as_modelled(env, "cyclone_runs", RUN_RULES, row)
+
+
+RULES_WF = cyclone.Workflow("schema-rules-model")
+RULES_WF.wait("w")
 
 
 @pytest.mark.parametrize(
