@@ -1,6 +1,7 @@
 """Instructions a step costs the PostgreSQL backend, counted by callgrind: the same every run.
 
     python bench/instructions.py [--shapes 1,5] [--steps 100] [--fill 4000]
+    python bench/instructions.py --strip
     python bench/instructions.py --client
 
 Throughput figures on a shared 2-core VM move by 15% from one rep to the next, more than most
@@ -17,6 +18,12 @@ totals, divided by `--steps`, is the cost of a step with every statement prepare
 connection start and planning cancel out. Needs valgrind (Debian
 package `valgrind`). Under valgrind the server is about 50 times slower: a run takes a minute
 or two. It prints figures and asserts nothing.
+
+With `--strip` it also counts the engine on a schema stripped of what its statements do not
+need to run: the rule triggers and every index but the primary keys, the unique index of a
+run's nodes and the index of lease candidates. That is an experiment, not a schema Cyclone
+could ship (the sweeps, the DLQ and the listings read those indexes); it shows how much of the
+engine's cost is its statements' own shape.
 
 With `--client` it counts the Python side instead, on the embedded test server: the engine's
 own loop (bench/engine.py's) and a real worker process's loop (`cyclone.worker.loop.Worker`,
@@ -47,6 +54,13 @@ from engine import SHAPES, SYSTEMS, baseline_fill, connect, engine_fill
 from cyclone.testing import TestEnv, server_dsn
 
 BASE_STEPS = 20
+# --strip: what the hot statements can run without (see the module's docstring).
+STRIP = """
+DROP TRIGGER cyclone_steps_rules ON cyclone_steps;
+DROP TRIGGER cyclone_runs_rules ON cyclone_runs;
+DROP INDEX cyclone_steps_due_idx, cyclone_steps_dead_idx, cyclone_steps_running_idx,
+           cyclone_runs_deadline_idx, cyclone_runs_parent_idx, cyclone_runs_finished_idx,
+           cyclone_runs_active_idx, cyclone_runs_created_idx, cyclone_runs_idempotency_idx"""
 CLIENT_STEPS = (300, 900)
 
 
@@ -143,10 +157,14 @@ def drain(dsn: str, folder: Path, system: str, shape: int, steps: int) -> int:
     return backend_total(folder, pid)
 
 
-def per_step(dsn: str, folder: Path, system: str, shape: int, fill: int, steps: int) -> float:
+def per_step(
+    dsn: str, folder: Path, system: str, shape: int, fill: int, steps: int, strip: bool = False
+) -> float:
     with TestEnv(dsn=dsn) as env:
         if system == "engine":
             engine_fill(env, shape, fill // shape)
+            if strip:
+                env.conn.execute(STRIP)
             env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
         else:
             baseline_fill(env.conn, shape, fill // shape)
@@ -226,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--fill", type=int, default=4000)
     parser.add_argument("--client", action="store_true", help="count the Python side instead")
+    parser.add_argument(
+        "--strip", action="store_true", help="also count the engine without rules or extra indexes"
+    )
     args = parser.parse_args(argv)
     if args.client:
         client_figures()
@@ -236,12 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     with callgrind_server() as (dsn, folder):
         print(f"Backend instructions per step (callgrind), {args.steps} steps after"
               f" {BASE_STEPS}, fill {args.fill}:")  # fmt: skip
-        print(f"  {'workflow':9} {'engine':>12} {'baseline':>12} {'engine/baseline':>16}")
+        stripped = f" {'engine, stripped':>17} {'stripped/baseline':>18}" if args.strip else ""
+        print(f"  {'workflow':9} {'engine':>12} {'baseline':>12} {'engine/baseline':>16}{stripped}")
         for shape in shapes:
             engine = per_step(dsn, folder, "engine", shape, args.fill, args.steps)
             baseline = per_step(dsn, folder, "baseline", shape, args.fill, args.steps)
-            print(f"  {shape}-step    {engine / 1000:11,.0f}k {baseline / 1000:11,.0f}k"
-                  f" {engine / baseline:16.2f}", flush=True)  # fmt: skip
+            line = (f"  {shape}-step    {engine / 1000:11,.0f}k {baseline / 1000:11,.0f}k"
+                    f" {engine / baseline:16.2f}")  # fmt: skip
+            if args.strip:
+                bare = per_step(dsn, folder, "engine", shape, args.fill, args.steps, strip=True)
+                line += f" {bare / 1000:16,.0f}k {bare / baseline:18.2f}"
+            print(line, flush=True)
     return 0
 
 
