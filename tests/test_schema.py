@@ -205,26 +205,18 @@ NUMBERS = {"attempt": (0, -1), "max_attempts": (1, 0), "item_index": (None, -1)}
 
 
 @st.composite
-def step_rows(draw) -> dict:
-    state = draw(st.sampled_from(sorted(VALID_STEPS)))
-    flips = draw(st.sets(st.sampled_from(sorted([*STEP_OTHER, *NUMBERS])), max_size=3))
+def rule_rows(draw, valid: dict, other: dict, numbers: dict) -> dict:
+    """A row of `valid` (by state) with up to three columns changed: one of `other` to its
+    other value (set where it was NULL, NULL where it was set), one of `numbers` to its
+    broken value."""
+    state = draw(st.sampled_from(sorted(valid)))
+    flips = draw(st.sets(st.sampled_from(sorted([*other, *numbers])), max_size=3))
     row = {"state": state}
-    for column, other in STEP_OTHER.items():
-        kept = VALID_STEPS[state].get(column)
-        row[column] = (other if kept is None else None) if column in flips else kept
-    for column, (kept, broken) in NUMBERS.items():
+    for column, value in other.items():
+        kept = valid[state].get(column)
+        row[column] = (value if kept is None else None) if column in flips else kept
+    for column, (kept, broken) in numbers.items():
         row[column] = broken if column in flips else kept
-    return row
-
-
-@st.composite
-def run_rows(draw) -> dict:
-    state = draw(st.sampled_from(sorted(VALID_RUNS)))
-    flips = draw(st.sets(st.sampled_from(sorted(RUN_OTHER)), max_size=3))
-    row = {"state": state}
-    for column, other in RUN_OTHER.items():
-        kept = VALID_RUNS[state].get(column)
-        row[column] = (other if kept is None else None) if column in flips else kept
     return row
 
 
@@ -234,7 +226,7 @@ def _rules_hold_as_modelled(env: TestEnv, table: str, rules, row: dict) -> None:
         f"{column} = id" if value == OWN_ID else f"{column} = %({column})s"
         for column, value in row.items()
     )
-    # Every example writes the one row of a table that holds only it (the rollback keeps it).
+    # Every example writes the env's one run and its step, and rolls the write back.
     if not env.conn.execute("SELECT 1 FROM cyclone_runs").fetchone():
         env.client.submit(RULES_WF, {})
     try:
@@ -249,14 +241,14 @@ def _rules_hold_as_modelled(env: TestEnv, table: str, rules, row: dict) -> None:
 
 @settings(max_examples=150, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(row=step_rows())
+@given(row=rule_rows(VALID_STEPS, STEP_OTHER, NUMBERS))
 def test_the_step_rules_accept_and_name_exactly_what_the_model_says(env: TestEnv, row):
     _rules_hold_as_modelled(env, "cyclone_steps", STEP_RULES, row)
 
 
 @settings(max_examples=100, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
-@given(row=run_rows())
+@given(row=rule_rows(VALID_RUNS, RUN_OTHER, {}))
 def test_the_run_rules_accept_and_name_exactly_what_the_model_says(env: TestEnv, row):
     _rules_hold_as_modelled(env, "cyclone_runs", RUN_RULES, row)
 
