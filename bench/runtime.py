@@ -2,7 +2,7 @@
 
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
-                            [--only throughput,kills,memory,respawns] [--dsn DSN]
+                            [--only throughput,kills,memory,respawns,cpu] [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the `finished_at` of the last run,
@@ -14,6 +14,11 @@
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
   + timeout (all on the database clock, which is this host's) to the worker process seen dead
   in /proc (gone or a zombie), polled every millisecond.
+* cpu (only when asked for): where a step's CPU goes, in microseconds a step, for one drain of
+  each config: the PostgreSQL server (the postmaster and every backend, reaped ones included)
+  and each kind of process of ours (baseline clients; cyclone workers, supervisor, scanner),
+  read from /proc/PID/stat. When every process is CPU-bound, as with 4 or 8 workers on a
+  2-core VM, the ratio of the two totals is the throughput ratio the machine allows.
 * memory: supervisor RSS and every worker's PSS (/proc/PID/smaps_rollup) after the first
   `--memory` counts of no-op steps, workers never recycled.
 
@@ -36,7 +41,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from engine import SHAPES, _stat, baseline_fill, connect, engine_fill, revision, run_workers
+from engine import (
+    SHAPES,
+    Meter,
+    _stat,
+    baseline_fill,
+    connect,
+    engine_fill,
+    revision,
+    run_workers,
+)
 
 import cyclone
 from cyclone.testing import TestEnv, server_dsn
@@ -233,6 +247,55 @@ def throughput_reps(
     return results
 
 
+# -- where the CPU goes -----------------------------------------------------------------------
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process (0 once it is gone)."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_split(base: str, steps: int, shape: int, workers: int) -> dict[str, dict[str, float]]:
+    """CPU seconds by process kind for one drain each: {"baseline": {...}, "cyclone": {...}}."""
+    runs = steps // shape
+    with TestEnv(dsn=base) as env:
+        baseline_fill(env.conn, shape, runs)
+        env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+        meter = Meter(env.dsn)
+        server = meter.server_cpu()
+        _, clients = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
+        after = meter.server_cpu()
+        meter.close()
+        if server is None or after is None:
+            raise SystemExit("--only cpu needs the server on this host")
+        baseline = {"postgres": after - server, "clients": clients}
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        engine_fill(env, shape, runs)
+        env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+        meter = Meter(env.dsn)
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            kinds = {sup.popen.pid: "supervisor"}
+            for pid in sup.children():
+                kinds[pid] = "workers" if cmdline(pid).startswith("cyclone worker") else "scanner"
+            before = {pid: cpu_seconds(pid) for pid in kinds}
+            server = meter.server_cpu()
+            wait_completed(env, sup, runs, 0.2, drained=True)
+            after = meter.server_cpu()
+            ours = {pid: cpu_seconds(pid) - before[pid] for pid in kinds}
+        finally:
+            sup.stop()
+            meter.close()
+    cyclone_cpu = {"postgres": (after or 0.0) - (server or 0.0)}
+    for pid, kind in kinds.items():
+        cyclone_cpu[kind] = cyclone_cpu.get(kind, 0.0) + ours[pid]
+    return {"baseline": baseline, "cyclone": cyclone_cpu}
+
+
 # -- kill latency ----------------------------------------------------------------------------
 
 
@@ -408,6 +471,18 @@ def main(argv: list[str] | None = None) -> int:
                   f" {statistics.median(b for _, b in pairs):>8,.0f}/s"
                   f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
                   flush=True)  # fmt: skip
+    if "cpu" in only:
+        print(f"\nCPU a step in µs, {args.steps} no-op steps, one drain per config (/proc)")
+        for shape in (1, 5):
+            for n in (int(w) for w in args.workers.split(",")):
+                split = cpu_split(base, args.steps, shape, n)
+                totals = {side: sum(parts.values()) for side, parts in split.items()}
+                for side, parts in split.items():
+                    shown = ", ".join(f"{k} {v / args.steps * 1e6:,.0f}" for k, v in parts.items())
+                    print(f"  {shape}-step N={n} {side:>8}: {shown};"
+                          f" total {totals[side] / args.steps * 1e6:,.0f}", flush=True)  # fmt: skip
+                print(f"  {shape}-step N={n} baseline/cyclone total:"
+                      f" {totals['baseline'] / totals['cyclone']:.2f}", flush=True)  # fmt: skip
     if "kills" in only:
         print(
             f"\nKill latency, {args.kills}+ kills each, 4 workers, kill_grace 200ms,"
