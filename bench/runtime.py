@@ -279,14 +279,15 @@ def cpu_split(base: str, steps: int, shape: int, workers: int) -> dict[str, dict
         meter = Meter(env.dsn)
         sup = Supervisor(env.dsn, Path(tmp), workers)
         try:
-            kinds = {sup.popen.pid: "supervisor"}
-            for pid in sup.children():
-                kinds[pid] = "workers" if cmdline(pid).startswith("cyclone worker") else "scanner"
-            before = {pid: cpu_seconds(pid) for pid in kinds}
+            before = {pid: cpu_seconds(pid) for pid in [sup.popen.pid, *sup.children()]}
             server = meter.server_cpu()
             wait_completed(env, sup, runs, 0.2, drained=True)
             after = meter.server_cpu()
-            ours = {pid: cpu_seconds(pid) - before[pid] for pid in kinds}
+            ours = {pid: cpu_seconds(pid) - cpu for pid, cpu in before.items()}
+            # Told apart by title only now: a child may not have set its own by READY=1.
+            kinds = {pid: "scanner" if cmdline(pid).startswith("cyclone scanner") else "workers"
+                     for pid in before}  # fmt: skip
+            kinds[sup.popen.pid] = "supervisor"
         finally:
             sup.stop()
             meter.close()
