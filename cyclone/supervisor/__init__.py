@@ -5,7 +5,7 @@ supervisor.py  the loop: one thread, one selector, signal handlers that only rec
 arbiter.py     the decisions: spawn, kill (SIGTERM, then SIGKILL of the group), record, drain
 children.py    WorkerHandle, and ProcessOps: fork, signal, killpg, waitpid
 channel.py     the worker-to-supervisor pipe protocol and the children's exit codes
-store.py       short-lived connections for writes; the LISTEN connection for revocations
+store.py       the kept connection for its few writes; the LISTEN connection for revocations
 proctitle.py   process titles
 outcomes.py    one log line per step outcome
 metrics.py     the Prometheus registry, fed by the children's pipes, served from the loop

@@ -159,6 +159,7 @@ class Supervisor:
         finally:
             self.presence.withdraw()
             self.listener.close()
+            store.close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
             signal.set_wakeup_fd(-1)

@@ -141,9 +141,8 @@ def test_many_worker_respawns_leave_no_files_and_no_descriptors(env, supervisor,
     sup.wait_ready(2)
     recycled = sup.sample("cyclone_worker_restarts_total", reason="recycle")
     assert recycled is not None and recycled >= 100  # 120 steps, one per worker process
-    # The supervisor opens short-lived connections (presence, gauges): wait for a quiet moment
-    # rather than count at an instant. A leak per respawn (120 of them) never settles.
-    wait_for(
-        lambda: len(os.listdir(f"/proc/{sup.pid}/fd")) <= fds, 10, "descriptors back to the start"
-    )
+    # The supervisor opens short-lived connections (gauges): wait for a quiet moment rather
+    # than count at an instant. A leak per respawn (120 of them) never settles. One more is
+    # allowed: the store's kept session, opened at the first check for revoked leases.
+    wait_for(lambda: len(os.listdir(f"/proc/{sup.pid}/fd")) <= fds + 1, 10, "descriptors settled")
     assert list(scratch.iterdir()) == []
