@@ -79,7 +79,7 @@ def test_publishes_share_one_connection_and_one_lost_is_replaced(env: TestEnv) -
     assert presence.publish(snap, 3)
     assert len(opened) == 2 and opened[1] != opened[0]
     presence.withdraw()
-    assert presence.conn is None and rows(env, "cyclone_supervisors") == []
+    assert presence.session.conn is None and rows(env, "cyclone_supervisors") == []
 
 
 def test_a_slot_shared_during_a_reload_shows_the_busy_worker() -> None:

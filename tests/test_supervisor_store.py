@@ -36,7 +36,7 @@ def test_checks_share_one_connection_and_one_that_died_idle_is_replaced(env: Tes
     assert store.revoked({1: TOKEN}) == {1: None}
     assert len(opened) == 2 and opened[1] != opened[0]
     store.close()
-    assert store.conn is None
+    assert store.session.conn is None
 
 
 def test_a_statement_that_fails_keeps_the_session_and_is_not_made_again(env: TestEnv) -> None:
@@ -60,11 +60,11 @@ def test_a_session_lost_twice_in_a_row_fails_the_call(env: TestEnv) -> None:
     # A new session that dies at once is not tried again: the database itself is in trouble.
     with pytest.raises(psycopg.OperationalError):
         store._call(lambda conn: conn.execute(KILL_OWN_SESSION))
-    assert len(opened) == 1 and store.conn is None
+    assert len(opened) == 1 and store.session.conn is None
     # A kept one is tried again once, on a new session, and no more.
     store.revoked({1: TOKEN})
     with pytest.raises(psycopg.OperationalError):
         store._call(lambda conn: conn.execute(KILL_OWN_SESSION))
-    assert len(opened) == 3 and store.conn is None
+    assert len(opened) == 3 and store.session.conn is None
     assert store.revoked({1: TOKEN}) == {1: None} and len(opened) == 4
     store.close()

@@ -25,6 +25,7 @@ import psycopg
 
 from cyclone.sql import QUERIES
 from cyclone.supervisor.children import Role, WorkerHandle
+from cyclone.supervisor.store import KeptSession
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class Presence:
         self.last_try = float("-inf")
         self.failed = False
         self.published = False
-        self.conn: psycopg.Connection[Any] | None = None
+        self.session = KeptSession(connect)
 
     def mark_changed(self) -> None:
         self.changed = True
@@ -128,11 +129,11 @@ class Presence:
         self.last_try = now
         self.changed = False
         try:
-            self.session().execute(
+            self.session.get().execute(
                 QUERIES["presence_publish"], snap.params(self.id, self.host, self.pid)
             )
         except psycopg.Error as exc:
-            self.close()
+            self.session.close()
             if not self.failed:
                 log.warning("cannot publish presence: %s", exc, extra={"action": "presence"})
             self.failed = True
@@ -147,19 +148,12 @@ class Presence:
         """A clean exit: our rows go now, not when the scanner finds them stale."""
         try:
             if self.published:
-                self.session().execute(QUERIES["presence_delete"], {"id": self.id})
+                self.session.get().execute(QUERIES["presence_delete"], {"id": self.id})
         except psycopg.Error as exc:
             log.warning("cannot withdraw presence (the scanner will): %s", exc)
         finally:
-            self.close()
-
-    def session(self) -> psycopg.Connection[Any]:
-        """The kept connection, opened on first use and again after an error dropped it."""
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.conn = self.connect()
-        return self.conn
+            self.session.close()
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        """Drop the session without withdrawing (the rows stay until the scanner's sweep)."""
+        self.session.close()

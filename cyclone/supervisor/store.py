@@ -102,6 +102,37 @@ class Listener:
         self.working = False
 
 
+class KeptSession:
+    """One connection, opened on first use and again once an error took it down."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]]) -> None:
+        self.connect = connect
+        self.conn: psycopg.Connection[Any] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.conn is not None and not self.conn.closed and not self.conn.broken
+
+    def get(self) -> psycopg.Connection[Any]:
+        if not self.alive:
+            self.close()
+            self.conn = self.connect()
+        assert self.conn is not None
+        return self.conn
+
+    def drop_if_lost(self) -> bool:
+        """After an error: whether it took the session down (which is then dropped)."""
+        if self.alive:
+            return False
+        self.close()
+        return True
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
 class DatabaseStore:
     """The arbiter's Store on a real database, through one kept connection.
 
@@ -117,10 +148,8 @@ class DatabaseStore:
         batch_size: int,
         connect: Callable[[], psycopg.Connection[Any]] | None = None,
     ) -> None:
-        self.dsn = dsn
         self.batch_size = batch_size
-        self.connect = connect or (lambda: connect_briefly(dsn))
-        self.conn: psycopg.Connection[Any] | None = None
+        self.session = KeptSession(connect or (lambda: connect_briefly(dsn)))
 
     def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:
         # Not on the LISTEN connection: it only listens, so every notification wakes the loop.
@@ -135,34 +164,19 @@ class DatabaseStore:
         return self._call(lambda conn: engine.sweep_deadlines(conn, batch_size=self.batch_size))
 
     def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        self.session.close()
 
     def _call(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
-        kept = self.conn is not None and not self.conn.closed and not self.conn.broken
+        kept = self.session.alive
         try:
-            return fn(self._session())
+            return fn(self.session.get())
         except psycopg.Error:
             # A statement's own failure (a timeout, say) leaves the session as it was; a new
             # session that died at once says the database itself is in trouble.
-            if not self._lost() or not kept:
+            if not self.session.drop_if_lost() or not kept:
                 raise
         try:
-            return fn(self._session())  # the kept session had died while it idled
+            return fn(self.session.get())  # the kept session had died while it idled
         except psycopg.Error:
-            self._lost()
+            self.session.drop_if_lost()
             raise
-
-    def _session(self) -> psycopg.Connection[Any]:
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.close()
-            self.conn = self.connect()
-        return self.conn
-
-    def _lost(self) -> bool:
-        """After an error: whether it took the session with it (then dropped here)."""
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.close()
-            return True
-        return False
