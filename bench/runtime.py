@@ -2,7 +2,8 @@
 
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
-                            [--only throughput,kills,memory,respawns,cpu] [--dsn DSN]
+                            [--only throughput,kills,memory,respawns,cpu] [--strip]
+                            [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the `finished_at` of the last run,
@@ -18,7 +19,9 @@
   each config: the PostgreSQL server (the postmaster and every backend, reaped ones included)
   and each kind of process of ours (baseline clients; cyclone workers, supervisor, scanner),
   read from /proc/PID/stat. When every process is CPU-bound, as with 4 or 8 workers on a
-  2-core VM, the ratio of the two totals is the throughput ratio the machine allows.
+  2-core VM, the ratio of the two totals is the throughput ratio the machine allows. With
+  `--strip`, cyclone's schema first loses its rule triggers and the indexes its hot
+  statements do not read (instructions.py's STRIP): an experiment, not a shippable schema.
 * memory: supervisor RSS and every worker's PSS (/proc/PID/smaps_rollup) after the first
   `--memory` counts of no-op steps, workers never recycled.
 
@@ -51,6 +54,7 @@ from engine import (
     revision,
     run_workers,
 )
+from instructions import STRIP
 
 import cyclone
 from cyclone.testing import TestEnv, server_dsn
@@ -259,7 +263,9 @@ def cpu_seconds(pid: int) -> float:
     return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def cpu_split(base: str, steps: int, shape: int, workers: int) -> dict[str, dict[str, float]]:
+def cpu_split(
+    base: str, steps: int, shape: int, workers: int, strip: bool = False
+) -> dict[str, dict[str, float]]:
     """CPU seconds by process kind for one drain each: {"baseline": {...}, "cyclone": {...}}."""
     runs = steps // shape
     with TestEnv(dsn=base) as env:
@@ -275,6 +281,8 @@ def cpu_split(base: str, steps: int, shape: int, workers: int) -> dict[str, dict
         baseline = {"postgres": after - server, "clients": clients}
     with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
         engine_fill(env, shape, runs)
+        if strip:
+            env.conn.execute(STRIP)
         env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
         meter = Meter(env.dsn)
         sup = Supervisor(env.dsn, Path(tmp), workers)
@@ -449,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory", default="1000,10000")
     p.add_argument("--respawns", default="1000,10000")
     p.add_argument("--only", default="throughput,kills,memory,respawns")
+    p.add_argument(
+        "--strip", action="store_true", help="cpu: without rule triggers or extra indexes"
+    )
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
@@ -473,10 +484,13 @@ def main(argv: list[str] | None = None) -> int:
                   f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
                   flush=True)  # fmt: skip
     if "cpu" in only:
-        print(f"\nCPU a step in µs, {args.steps} no-op steps, one drain per config (/proc)")
+        stripped = " (cyclone stripped)" if args.strip else ""
+        print(
+            f"\nCPU a step in µs{stripped}, {args.steps} no-op steps, one drain per config (/proc)"
+        )
         for shape in (1, 5):
             for n in (int(w) for w in args.workers.split(",")):
-                split = cpu_split(base, args.steps, shape, n)
+                split = cpu_split(base, args.steps, shape, n, strip=args.strip)
                 totals = {side: sum(parts.values()) for side, parts in split.items()}
                 for side, parts in split.items():
                     shown = ", ".join(f"{k} {v / args.steps * 1e6:,.0f}" for k, v in parts.items())
