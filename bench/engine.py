@@ -327,7 +327,7 @@ class Meter:
             if entry.name.isdigit():
                 st = _stat(int(entry.name))
                 if st is not None and int(st[1]) == self.postmaster:
-                    ticks += int(st[11]) + int(st[12])
+                    ticks += _own_ticks(st)
         return ticks / CLK_TCK
 
     def close(self) -> None:
@@ -341,6 +341,17 @@ def _stat(pid: int) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()
+
+
+def _own_ticks(fields: list[str]) -> int:
+    """utime + stime, in clock ticks, of a process's _stat fields."""
+    return int(fields[11]) + int(fields[12])
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds a live process has used (0 once it is gone)."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else _own_ticks(fields) / CLK_TCK
 
 
 def _ppid(backend_pid: int) -> int | None:

@@ -51,6 +51,7 @@ from engine import (
     baseline_fill,
     connect,
     engine_fill,
+    process_cpu,
     revision,
     run_workers,
 )
@@ -254,13 +255,11 @@ def throughput_reps(
 # -- where the CPU goes -----------------------------------------------------------------------
 
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a live process (0 once it is gone)."""
-    fields = _stat(pid)
-    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+def server_seconds(meter: Meter) -> float:
+    seconds = meter.server_cpu()
+    if seconds is None:
+        raise SystemExit("--only cpu needs the server on this host")
+    return seconds
 
 
 def cpu_split(
@@ -272,13 +271,10 @@ def cpu_split(
         baseline_fill(env.conn, shape, runs)
         env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
         meter = Meter(env.dsn)
-        server = meter.server_cpu()
+        server = server_seconds(meter)
         _, clients = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
-        after = meter.server_cpu()
+        baseline = {"postgres": server_seconds(meter) - server, "clients": clients}
         meter.close()
-        if server is None or after is None:
-            raise SystemExit("--only cpu needs the server on this host")
-        baseline = {"postgres": after - server, "clients": clients}
     with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
         engine_fill(env, shape, runs)
         if strip:
@@ -287,11 +283,11 @@ def cpu_split(
         meter = Meter(env.dsn)
         sup = Supervisor(env.dsn, Path(tmp), workers)
         try:
-            before = {pid: cpu_seconds(pid) for pid in [sup.popen.pid, *sup.children()]}
-            server = meter.server_cpu()
+            before = {pid: process_cpu(pid) for pid in [sup.popen.pid, *sup.children()]}
+            server = server_seconds(meter)
             wait_completed(env, sup, runs, 0.2, drained=True)
-            after = meter.server_cpu()
-            ours = {pid: cpu_seconds(pid) - cpu for pid, cpu in before.items()}
+            cyclone_cpu = {"postgres": server_seconds(meter) - server}
+            ours = {pid: process_cpu(pid) - cpu for pid, cpu in before.items()}
             # Told apart by title only now: a child may not have set its own by READY=1.
             kinds = {pid: "scanner" if cmdline(pid).startswith("cyclone scanner") else "workers"
                      for pid in before}  # fmt: skip
@@ -299,7 +295,6 @@ def cpu_split(
         finally:
             sup.stop()
             meter.close()
-    cyclone_cpu = {"postgres": (after or 0.0) - (server or 0.0)}
     for pid, kind in kinds.items():
         cyclone_cpu[kind] = cyclone_cpu.get(kind, 0.0) + ours[pid]
     return {"baseline": baseline, "cyclone": cyclone_cpu}

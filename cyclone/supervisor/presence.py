@@ -152,7 +152,7 @@ class Presence:
         except psycopg.Error as exc:
             log.warning("cannot withdraw presence (the scanner will): %s", exc)
         finally:
-            self.session.close()
+            self.close()
 
     def close(self) -> None:
         """Drop the session without withdrawing (the rows stay until the scanner's sweep)."""
