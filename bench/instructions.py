@@ -59,8 +59,8 @@ STRIP = """
 DROP TRIGGER cyclone_steps_rules ON cyclone_steps;
 DROP TRIGGER cyclone_runs_rules ON cyclone_runs;
 DROP INDEX cyclone_steps_due_idx, cyclone_steps_dead_idx, cyclone_steps_running_idx,
-           cyclone_runs_deadline_idx, cyclone_runs_parent_idx, cyclone_runs_finished_idx,
-           cyclone_runs_active_idx, cyclone_runs_created_idx, cyclone_runs_idempotency_idx"""
+           cyclone_runs_live_idx, cyclone_runs_parent_idx, cyclone_runs_finished_idx,
+           cyclone_runs_created_idx, cyclone_runs_idempotency_idx"""
 CLIENT_STEPS = (300, 900)
 
 

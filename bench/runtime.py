@@ -44,6 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import engine
 from engine import (
     SHAPES,
     Meter,
@@ -54,6 +55,7 @@ from engine import (
     process_cpu,
     revision,
     run_workers,
+    settle,
 )
 from instructions import STRIP
 
@@ -93,7 +95,7 @@ interval = "{scan}"
 [metrics]
 port = {port}
 [workflows]
-modules = ["runtime"]
+modules = [{modules}]
 [logging]
 level = "warning"
 """
@@ -105,7 +107,7 @@ class Supervisor:
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
         options = {
             "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
-            "max_steps": "0", **config,
+            "max_steps": "0", "modules": '"runtime"', **config,
         }  # fmt: skip
         path = tmp / "bench.toml"
         path.write_text(CONFIG.format(workers=workers, **options))
@@ -210,14 +212,14 @@ def throughput(
     def baseline() -> float:
         with TestEnv(dsn=base) as env:
             baseline_fill(env.conn, shape, runs)
-            env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+            settle(env.conn, "bl_runs, bl_steps")
             elapsed, _ = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
         return runs * shape / elapsed
 
     def supervisor() -> float:
         with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
             engine_fill(env, shape, runs)
-            env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+            settle(env.conn, "cyclone_runs, cyclone_steps")
             offset = clock_offset(env)
             sup = Supervisor(env.dsn, Path(tmp), workers)
             try:
@@ -269,7 +271,7 @@ def cpu_split(
     runs = steps // shape
     with TestEnv(dsn=base) as env:
         baseline_fill(env.conn, shape, runs)
-        env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+        settle(env.conn, "bl_runs, bl_steps")
         meter = Meter(env.dsn)
         server = server_seconds(meter)
         _, clients = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
@@ -279,7 +281,7 @@ def cpu_split(
         engine_fill(env, shape, runs)
         if strip:
             env.conn.execute(STRIP)
-        env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+        settle(env.conn, "cyclone_runs, cyclone_steps")
         meter = Meter(env.dsn)
         sup = Supervisor(env.dsn, Path(tmp), workers)
         try:
@@ -455,14 +457,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--strip", action="store_true", help="cpu: without rule triggers or extra indexes"
     )
+    p.add_argument(
+        "--analyze",
+        action="store_true",
+        help="VACUUM ANALYZE after each fill (the fair-weather figure; default: as users drain)",
+    )
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
+    engine.ANALYZE_AFTER_FILL = args.analyze
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
     base = args.dsn or server_dsn()
     only = set(args.only.split(","))
     with connect("baseline", base) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
-    print(f"cyclone {revision()}; PostgreSQL {version}; {os.cpu_count()} CPUs")
+    drained = "VACUUM ANALYZE after each fill" if args.analyze else "never analyzed, as users drain"
+    print(f"cyclone {revision()}; PostgreSQL {version}; {os.cpu_count()} CPUs; {drained}")
     started = time.perf_counter()
     if "throughput" in only:
         print(

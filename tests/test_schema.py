@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import threading
-from datetime import timedelta
 
 import psycopg
 import pytest
@@ -332,46 +331,6 @@ def test_statements_are_sent_without_comments_and_short_enough_for_psycopg_to_ca
         assert not re.search(r"\n[ \t]*--", body), name
         # Longer, psycopg would parse its placeholders again on every execution.
         assert len(body.encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
-
-
-def _plan(conn, name: str, params: dict) -> str:
-    rows = conn.execute(("EXPLAIN " + QUERIES[name]).encode(), params).fetchall()
-    return "\n".join(next(iter(r.values())) for r in rows)
-
-
-def test_hot_queries_use_their_partial_indexes_on_a_large_table(env: TestEnv):
-    wf = cyclone.Workflow("schema-plan")
-
-    @wf.task()
-    def t(ctx):
-        return None
-
-    for _ in range(4):
-        env.client.submit_many(wf, [{}] * 5000, run_deadline=timedelta(hours=1))
-    # Most rows finished, as in a long-lived queue: the planner must still lease by index.
-    env.conn.execute(
-        "UPDATE cyclone_steps SET state = 'completed', completed_at = now() WHERE id % 10 <> 0"
-    )
-    env.conn.execute("ANALYZE cyclone_steps")
-    env.conn.execute("ANALYZE cyclone_runs")
-    now = env.now()
-    lease = _plan(
-        env.conn,
-        "step_lease",
-        {
-            "lease": True,
-            "worker": "w",
-            "workflows": None,
-            "ttl": 30,
-            "now": now,
-            "other_than": None,
-        },
-    )
-    assert "cyclone_steps_available_idx" in lease
-    deadlines = _plan(env.conn, "run_fail_deadline_passed", {"batch_size": 500, "now": now})
-    assert "cyclone_runs_deadline_idx" in deadlines
-    leases = _plan(env.conn, "lease_reclaim_expired", {"batch_size": 500, "now": now})
-    assert "cyclone_steps_running_idx" in leases
 
 
 def test_connect_gives_autocommit_dict_rows(env: TestEnv):

@@ -91,6 +91,7 @@ def list_runs(session: Session, args: argparse.Namespace) -> int:
         .execute(
             QUERIES["run_list"],
             {"state": args.state, "workflow": args.workflow, "limit": args.limit},
+            prepare=False,
         )
         .fetchall()
     )

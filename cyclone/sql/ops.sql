@@ -62,7 +62,7 @@ RETURNING s.id;
 
 -- name: metrics_gauges
 -- The gauges /metrics reads from the database, in one round trip. Both halves use partial
--- indexes (cyclone_steps_dead_idx, cyclone_runs_active_idx), so the cost follows the DLQ and
+-- indexes (cyclone_steps_dead_idx, cyclone_runs_live_idx), so the cost follows the DLQ and
 -- the live runs, not history.
 SELECT 'dlq' AS metric, error_kind AS label, count(*) AS value
   FROM cyclone_steps WHERE state = 'dead' GROUP BY error_kind

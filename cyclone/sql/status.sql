@@ -5,21 +5,23 @@
 
 -- name: run_list
 -- Newest runs first; a failed run shows the error kind of its dead step (cyclone_v_runs has
--- none, as the seed page says).
+-- none, as the seed page says), looked up for the listed runs only. The optional filters make
+-- a generic plan blind to which apply, so callers run it unprepared (a custom plan each time).
 SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r.deadline_at,
        r.paused_at, r.finished_at,
        CASE r.state
             WHEN 'running' THEN extract(epoch FROM r.deadline_at - now())
             WHEN 'paused' THEN extract(epoch FROM r.deadline_at - r.paused_at)
        END::float8 AS deadline_left
-  FROM cyclone_runs r
+  FROM (SELECT * FROM cyclone_runs
+         WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+           AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+         ORDER BY created_at DESC, id DESC
+         LIMIT %(limit)s) AS r
   LEFT JOIN LATERAL (SELECT s.error_kind FROM cyclone_steps s
                       WHERE s.run_id = r.id AND s.state = 'dead'
                       ORDER BY s.completed_at, s.id LIMIT 1) AS f ON r.state = 'failed'
- WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
-   AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
- ORDER BY r.created_at DESC, r.id DESC
- LIMIT %(limit)s;
+ ORDER BY r.created_at DESC, r.id DESC;
 
 -- name: status_supervisors
 -- Every supervisor that published itself; `seen_ago` tells live ones from lost ones.
@@ -67,7 +69,6 @@ SELECT state, count(*), true
 -- far behind the workers are), and the steps leased right now. All through partial indexes.
 SELECT (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps
                                WHERE state = 'available' AND available_at <= now()
-                               ORDER BY available_at, id
                                LIMIT %(cap)s) AS due) AS due,
        (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM cyclone_steps
          WHERE state = 'available' AND available_at <= now()) AS oldest_due_age,

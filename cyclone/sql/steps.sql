@@ -54,18 +54,11 @@ ON CONFLICT DO NOTHING;
 -- holding the run (a cancel, the deadline sweep) takes that run's steps one by one, and
 -- would otherwise meet the worker holding one of them while it waited for another.
 candidate AS (
-    SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
-      FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
-     WHERE %(lease)s::boolean AND EXISTS (SELECT 1 FROM held) AND s.state = 'available'
-       AND s.run_id IS DISTINCT FROM %(other_than)s::uuid
-       AND s.available_at <= coalesce(%(now)s::timestamptz, now())
-       AND (%(workflows)s::text[] IS NULL OR s.workflow = ANY(%(workflows)s::text[]))
-       AND r.state = 'running'
-       AND (r.deadline_at IS NULL OR r.deadline_at > coalesce(%(now)s::timestamptz, now()))
-     ORDER BY s.available_at, s.id
-     LIMIT 1
-       FOR UPDATE OF s SKIP LOCKED
+    SELECT c.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+      FROM cyclone_lease_candidate(
+               %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
+               coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[]) AS c
+      JOIN cyclone_runs r ON r.id = c.run_id
 ), leased AS (
     UPDATE cyclone_steps s
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),

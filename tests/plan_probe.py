@@ -1,0 +1,104 @@
+"""EXPLAIN (ANALYZE, BUFFERS) of a named statement, as a prepared statement would run it.
+
+A statement that psycopg has run often enough is prepared, and PostgreSQL may then run it
+with a custom plan (made for these parameters) or the generic one (made once for any). Both
+are checked, each in a transaction that is rolled back, so a write explained changes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import sql
+
+from cyclone.sql import QUERIES
+
+_PARAM = re.compile(r"%\((\w+)\)s")
+_COUNTER = itertools.count()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one execution touched: buffers, and the plan's nodes."""
+
+    buffers: int
+    nodes: list[dict[str, Any]]
+    text: str
+
+    def sorted_rows(self) -> int:
+        """The most rows any Sort node took in."""
+        return max(
+            (n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in self.nodes
+             if n["Node Type"] in ("Sort", "Incremental Sort")),
+            default=0,
+        )  # fmt: skip
+
+    def scans(self) -> set[str]:
+        return {f"{n['Node Type']}:{n.get('Relation Name', '')}" for n in self.nodes}
+
+
+def numbered(query: str) -> tuple[str, list[str]]:
+    """The query with %(name)s placeholders as $1.. (as psycopg sends it), and the names."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m[1] not in names:
+            names.append(m[1])
+        return f"${names.index(m[1]) + 1}"
+
+    return _PARAM.sub(number, query), names
+
+
+def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
+    out = [node]
+    for child in node.get("Plans", ()):
+        out.extend(_walk(child))
+    return out
+
+
+def probe(conn: Any, name: str, params: dict[str, Any], mode: str) -> Probe:
+    """Explain QUERIES[name] prepared, with plan_cache_mode `mode` (custom or generic)."""
+    text, names = numbered(QUERIES[name])
+    args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
+    statement = sql.Identifier(f"plan_probe_{next(_COUNTER)}")
+    call = sql.SQL("EXECUTE {} ({})").format(statement, args) if names else sql.SQL(
+        "EXECUTE {}"
+    ).format(statement)
+    with conn.transaction(force_rollback=True):
+        conn.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
+        conn.execute(sql.SQL("PREPARE {} AS {}").format(statement, sql.SQL(text)))  # type: ignore[arg-type]
+        row = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {}").format(call)
+        ).fetchone()
+        conn.execute(sql.SQL("DEALLOCATE {}").format(statement))
+    return _probe(row)
+
+
+def _probe(row: Any) -> Probe:
+    doc = next(iter(row.values())) if isinstance(row, dict) else row[0]
+    if isinstance(doc, str):
+        doc = json.loads(doc)
+    plan = doc[0]["Plan"]
+    buffers = plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+    return Probe(buffers, _walk(plan), json.dumps(plan, indent=1))
+
+
+def probe_prepared(conn: Any, statement: str, args: list[Any]) -> Probe:
+    """Explain a statement psycopg prepared on this connection (found by its text)."""
+    found = conn.execute(
+        "SELECT name FROM pg_prepared_statements WHERE statement = %s", (statement,)
+    ).fetchone()
+    assert found is not None, "psycopg did not prepare the statement"
+    name = next(iter(found.values())) if isinstance(found, dict) else found[0]
+    call = sql.SQL("EXECUTE {} ({})").format(
+        sql.Identifier(name), sql.SQL(", ").join(sql.Literal(a) for a in args)
+    )
+    with conn.transaction(force_rollback=True):
+        row = conn.execute(
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {}").format(call)
+        ).fetchone()
+    return _probe(row)

@@ -1,0 +1,256 @@
+"""Every hot statement costs the same with a small queue or a large one, whatever the statistics.
+
+The bad case is built for real: a burst of runs submitted through the public API on tables
+that PostgreSQL never analyzed, or analyzed while the queue was empty (with and without a
+history of finished runs), and then the same tables analyzed. Each statement is explained as
+a prepared statement runs it, with its custom plan and with its generic one, and must touch a
+number of buffers that does not grow with the backlog (a sweep: with the rows due). A plan
+that reads the backlog touches tens of thousands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from plan_probe import Probe, numbered, probe, probe_prepared
+
+import cyclone
+from cyclone import engine
+from cyclone.db import connect, text_array
+from cyclone.engine.advance import node_rows
+from cyclone.engine.steps import Lease
+from cyclone.sql import QUERIES
+from cyclone.testing import TestEnv
+
+BACKLOG = 20_000
+# Buffers a statement may touch, whatever the backlog: an index descent or two, the row, its
+# run, the rows it writes and their index entries. A plan that reads the backlog touches
+# more than BACKLOG / 100.
+BOUND = 150
+
+one = cyclone.Workflow("plans-one")
+chain = cyclone.Workflow("plans-chain")
+sleepy = cyclone.Workflow("plans-sleepy")
+waity = cyclone.Workflow("plans-waity")
+fanout = cyclone.Workflow("plans-map")
+parent = cyclone.Workflow("plans-parent")
+
+
+@one.task()
+def only(ctx):
+    return None
+
+
+@chain.task()
+def c1(ctx):
+    return None
+
+
+@chain.task(after=[c1])
+def c2(ctx):
+    return None
+
+
+sleepy.sleep("nap", duration=timedelta(hours=1))
+waity.wait("approval", signal="go", max_wait=timedelta(hours=1))
+
+
+@fanout.map(items=lambda ctx: [1, 2, 3])
+def item(ctx):
+    return ctx.item
+
+
+parent.child("kid", workflow=one, input=lambda ctx: None, max_wait=timedelta(hours=1))
+
+WORKFLOWS = [one, chain, sleepy, waity, fanout, parent]
+
+
+@dataclass
+class Backlog:
+    env: TestEnv
+    state: str
+    leases: dict[str, Lease] = field(default_factory=dict)
+
+    def lease(self, wf: cyclone.Workflow) -> Lease:
+        lease = engine.lease_step(self.env.conn, worker="plans", workflows=[wf.name])
+        assert lease is not None, wf.name
+        return lease
+
+
+def _burst(env: TestEnv) -> None:
+    deadline = timedelta(hours=1)
+    for start in range(0, BACKLOG, 5000):
+        env.client.submit_many(one, [None] * min(5000, BACKLOG - start), run_deadline=deadline)
+    env.client.submit_many(chain, [None] * 1000, run_deadline=deadline)
+    env.client.submit_many(sleepy, [None] * 2000, run_deadline=deadline)
+    env.client.submit_many(waity, [None] * 2000, run_deadline=deadline)
+    env.client.submit_many(fanout, [None] * 100)
+    env.client.submit_many(parent, [None] * 100)
+
+
+def _history(env: TestEnv) -> None:
+    """Finished runs, as a queue that drained leaves them."""
+    for _ in range(4):
+        env.client.submit_many(one, [None] * 5000)
+    env.conn.execute(
+        "UPDATE cyclone_steps SET state = 'completed', completed_at = now(), attempt = 1"
+    )
+    env.conn.execute("UPDATE cyclone_runs SET state = 'completed', finished_at = now()")
+
+
+STATES = ["never_analyzed", "analyzed_empty", "analyzed_history", "analyzed"]
+
+
+@pytest.fixture(scope="module", params=STATES)
+def backlog(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Backlog]:
+    with TestEnv(workflows=WORKFLOWS, dsn=pg_dsn) as env:
+        # Autovacuum must not analyze behind the test's back: each state is built on purpose.
+        for table in ("cyclone_steps", "cyclone_runs"):
+            env.conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+        if request.param == "analyzed_empty":
+            env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
+        if request.param == "analyzed_history":
+            _history(env)
+            env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
+        _burst(env)
+        if request.param == "analyzed":
+            env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
+        b = Backlog(env, request.param)
+        b.leases = {
+            "one": b.lease(one),
+            "chain": b.lease(chain),
+            "map": b.lease(fanout),
+            "child": b.lease(parent),
+        }
+        yield b
+
+
+def _lease_params(b: Backlog, **extra: Any) -> dict[str, Any]:
+    return {
+        "lease": True, "other_than": None, "worker": "plans", "ttl": 30.0, "now": None,
+        "workflows": text_array((one.name, chain.name)), **extra,
+    }  # fmt: skip
+
+
+def _completion(lease: Lease, **extra: Any) -> dict[str, Any]:
+    return {
+        "run_id": lease.run_id, "step_id": lease.step_id, "token": lease.token,
+        "output": "null", "now": None, **extra,
+    }  # fmt: skip
+
+
+def _chain_next() -> str:
+    from cyclone.engine.steps import _next_nodes_json
+
+    return _next_nodes_json([chain.graph.nodes["c2"]])
+
+
+def _fenced(b: Backlog, kind: str = "one", **extra: Any) -> dict[str, Any]:
+    lease = b.leases[kind]
+    return {"step_id": lease.step_id, "token": lease.token, "run_id": lease.run_id, "now": None,
+            **extra}  # fmt: skip
+
+
+# Each statement with the parameters its caller gives it. The lambdas read the backlog's
+# leases, taken once per state.
+STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
+    # A worker's per-step statements.
+    "step_lease": lambda b: _lease_params(b),
+    "step_complete_chain": lambda b: {
+        **_completion(b.leases["chain"], next=_chain_next()),
+        **_lease_params(b, other_than=b.leases["chain"].run_id),
+    },
+    "step_complete_last": lambda b: {**_completion(b.leases["one"]), **_lease_params(b)},
+    "step_complete": lambda b: _completion(b.leases["one"]),
+    "step_heartbeat": lambda b: _fenced(b, ttl=30.0),
+    "step_fail": lambda b: _fenced(
+        b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
+    ) | {"kind": "error"},
+    "step_release": lambda b: _fenced(b),
+    "step_release_items": lambda b: _fenced(b, "map", item="1"),
+    "step_park_child": lambda b: _fenced(
+        b, "child", child_run_id="00000000-0000-0000-0000-000000000001", max_wait=3600.0
+    ),
+    "step_revoked": lambda b: {
+        "step_ids": [lease.step_id for lease in b.leases.values()],
+        "tokens": [lease.token for lease in b.leases.values()],
+    },
+    # The general completion's reads and writes of its run.
+    "run_lock": lambda b: {"run_id": b.leases["one"].run_id},
+    "run_results": lambda b: {"run_id": b.leases["chain"].run_id},
+    "step_nodes_done": lambda b: {"run_id": b.leases["chain"].run_id, "nodes": ["c1", "c2"]},
+    "run_complete_if_done": lambda b: {
+        "run_id": b.leases["chain"].run_id, "sinks": ["c2"], "node_count": 2, "now": None
+    },
+    "step_insert": lambda b: {
+        "run_id": b.leases["chain"].run_id,
+        "workflow": chain.name,
+        "now": None,
+        **node_rows([chain.graph.nodes["c2"]]),
+    },
+    # The scanner's sweeps: nothing is due, so nothing may be read.
+    "run_fail_deadline_passed": lambda b: {"batch_size": 500, "now": None},
+    "lease_reclaim_expired": lambda b: {"batch_size": 500, "now": None},
+    "wait_expire": lambda b: {"batch_size": 500, "now": None},
+    "sleep_wake": lambda b: {"batch_size": 500, "now": None},
+    "run_delete_finished": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
+    # What an operator reads during an incident.
+    "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
+    "run_get": lambda b: {"run_id": b.leases["one"].run_id},
+    "run_steps": lambda b: {"run_id": b.leases["chain"].run_id},
+    "dlq_list": lambda b: {"reason": None, "workflow": None, "since": None, "limit": 50},
+    "status_queue": lambda b: {"cap": 10_000},
+    "status_dlq_depth": lambda b: {},
+    "status_deadline_failures": lambda b: {"limit": 20},
+    "status_paused_runs": lambda b: {"limit": 20},
+    "status_workers": lambda b: {"limit": 50},
+}
+
+
+# Run unprepared by their callers (a custom plan every time): their optional filters leave a
+# generic plan blind to which apply.
+UNPREPARED = {"run_list"}
+
+
+PLANS = [
+    (name, mode)
+    for name in STATEMENTS
+    for mode in ("custom", "generic")
+    if mode == "custom" or name not in UNPREPARED
+]
+
+
+@pytest.mark.parametrize(("name", "mode"), PLANS)
+def test_statement_cost_does_not_follow_the_backlog(backlog: Backlog, name: str, mode: str):
+    params = STATEMENTS[name](backlog)
+    result = probe(backlog.env.conn, name, params, mode)
+    bound = BOUND
+    if name == "status_queue":
+        # It counts due steps up to its cap, through the index: that is what it returns.
+        bound = BOUND + params["cap"] // 25
+    assert result.buffers <= bound, _explain_failure(backlog, name, mode, result)
+    assert result.sorted_rows() <= 500, _explain_failure(backlog, name, mode, result)
+
+
+def _explain_failure(b: Backlog, name: str, mode: str, result: Probe) -> str:
+    return (
+        f"{name} ({mode} plan, {b.state}) touched {result.buffers} buffers with a backlog of "
+        f"{BACKLOG:,} steps:\n{result.text}"
+    )
+
+
+def test_the_lease_psycopg_prepared_keeps_its_plan(backlog: Backlog):
+    """The real path: lease_step run past psycopg's prepare threshold and PostgreSQL's
+    five custom plans, then its prepared statement explained as the session would run it."""
+    with connect(backlog.env.dsn) as conn:
+        for _ in range(12):
+            lease = engine.lease_step(conn, worker="plans", workflows=[one.name])
+            assert lease is not None
+        params = _lease_params(backlog, workflows=text_array((one.name,)))
+        text, names = numbered(QUERIES["step_lease"])
+        result = probe_prepared(conn, text, [params[n] for n in names])
+    assert result.buffers <= BOUND, result.text
