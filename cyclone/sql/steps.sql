@@ -35,30 +35,30 @@ ON CONFLICT DO NOTHING;
 
 -- name: _lease_next
 -- A fragment (see cyclone/sql/__init__.py): lease the oldest due step of a running run,
--- skipping rows other workers hold, once the `done` CTE before it produced a row. The run's
--- columns come along from the candidate scan, so the run is read once. With `lease` false
--- the candidate scan is not run at all (a completion that leases nothing next). One row comes
--- back either way: `completed` counts `done`, the lease columns are NULL when none was taken.
+-- skipping rows other workers hold, once the `done` CTE before it produced a row. With
+-- `lease` false the candidate scan is not run at all (a completion that leases nothing next).
+-- One row comes back either way: `completed` counts `done`, the lease columns are NULL when
+-- none was taken.
 --
--- The candidate is picked first, before `done` runs, though the lease is taken only after
--- it. The statement's snapshot is taken as it starts: steps that other workers lease and
--- commit after that still look available to it, and locking one of them makes PostgreSQL
--- re-check the whole candidate join against the newer row (EvalPlanQual). Picked while the
--- snapshot is fresh, few candidates are stale; a completion run first left time for many
--- (with 8 workers, picking first gave a quarter more steps a second, measured). The `CASE`
--- is what orders it: a bare `EXISTS (SELECT 1 FROM done)` would be checked once, before the
--- scan. `held` is what the statement must hold before it locks a candidate: a run lock,
--- taken first as every writer does (so no worker waits for a run while holding a step), or
--- `SELECT 1`. A chain completion holds no run lock and waits on its own step's row once it
--- has its candidate, so the candidate is never a step of that run (%(other_than)s): a writer
--- holding the run (a cancel, the deadline sweep) takes that run's steps one by one, and
--- would otherwise meet the worker holding one of them while it waited for another.
+-- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7),
+-- whose settings pin its plan to a walk of the candidate index whatever the statistics say
+-- (bench/README.md). Being volatile, it reads with a snapshot of its own, taken as it is
+-- called: a step committed between the statement's start and that moment can be locked there
+-- and not be seen by `leased`, which then takes nothing; the step stays available for the
+-- next lease. The candidate is picked before `done` runs, while the snapshot is fresh (a
+-- stale candidate costs a re-check of the row, EvalPlanQual); the `CASE` orders it, as a bare
+-- `EXISTS (SELECT 1 FROM done)` would be checked once, before the scan. `held` is what the
+-- statement must hold before it locks a candidate, and is evaluated as the function's
+-- argument, so before it: a run lock, taken first as every writer does (so no worker waits
+-- for a run while holding a step), or `SELECT 1`. A chain completion holds no run lock and
+-- waits on its own step's row once it has its candidate, so the candidate is never a step of
+-- that run (%(other_than)s): a writer holding the run (a cancel, the deadline sweep) takes
+-- that run's steps one by one, and would otherwise meet the worker holding one of them while
+-- it waited for another.
 candidate AS (
-    SELECT c.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
-      FROM cyclone_lease_candidate(
+    SELECT * FROM cyclone_lease_candidate(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
-               coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[]) AS c
-      JOIN cyclone_runs r ON r.id = c.run_id
+               coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[])
 ), leased AS (
     UPDATE cyclone_steps s
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
