@@ -19,11 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import pytest  # noqa: E402
-import test_plans  # noqa: E402
-from plan_probe import probe  # noqa: E402
+import test_plans
+from plan_probe import probe
 
-from cyclone.testing import TestEnv, server_dsn  # noqa: E402
+from cyclone.testing import server_dsn
 
 
 class _Request:
@@ -62,5 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    assert TestEnv and pytest  # imported for the fixture's module
     sys.exit(main())
