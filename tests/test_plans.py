@@ -129,10 +129,11 @@ def backlog(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Backlog]:
         yield b
 
 
-def _lease_params(b: Backlog, **extra: Any) -> dict[str, Any]:
+def _lease_params(b: Backlog | None, **extra: Any) -> dict[str, Any]:
     return {
         "lease": True, "other_than": None, "worker": "plans", "ttl": 30.0, "now": None,
-        "workflows": text_array((one.name, chain.name)), **extra,
+        "workflows": text_array((one.name, chain.name)), "after_at": None, "after_id": None,
+        **extra,
     }  # fmt: skip
 
 
@@ -263,3 +264,73 @@ def test_the_lease_psycopg_prepared_keeps_its_plan(backlog: Backlog):
         text, names = numbered(QUERIES["step_lease"])
         result = probe_prepared(conn, text, [params[n] for n in names])
     assert result.buffers <= BOUND, result.text
+
+
+def _dead_prefix(env: TestEnv, dead: int) -> None:
+    """`dead` steps that left the candidate index's left edge, their entries not yet vacuumed
+    (completed in one statement, so no scan has marked the entries dead either)."""
+    env.conn.execute(
+        "UPDATE cyclone_steps SET state = 'completed', completed_at = now(), attempt = 1"
+        " WHERE id IN (SELECT id FROM cyclone_steps WHERE state = 'available'"
+        " ORDER BY available_at, id LIMIT %s)",
+        (dead,),
+    )
+
+
+def test_a_lease_starts_after_the_connections_last_lease_and_skips_the_dead_prefix(
+    env: TestEnv,
+):
+    env.register(one)
+    env.conn.execute("ALTER TABLE cyclone_steps SET (autovacuum_enabled = off)")
+    for _ in range(4):
+        env.client.submit_many(one, [None] * 5000)
+    _dead_prefix(env, 15_000)
+    # Where a connection that leased those steps would start from.
+    last = env.conn.execute(
+        "SELECT available_at, id FROM cyclone_steps WHERE state = 'completed'"
+        " ORDER BY available_at DESC, id DESC LIMIT 1"
+    ).fetchone()
+    params = _lease_params(None, workflows=text_array((one.name,)))
+    # The session's first call plans the function's query, reading the catalogs: not counted.
+    env.conn.execute("SELECT cyclone_lease_candidate(false, NULL, now(), NULL, NULL, NULL)")
+    from_last = probe(
+        env.conn, "step_lease", {**params, "after_at": last["available_at"],
+                                 "after_id": last["id"]}, "generic"
+    )  # fmt: skip
+    from_start = probe(env.conn, "step_lease", params, "generic")
+    assert from_start.buffers > 300, from_start.text  # the case the floor is for
+    assert from_last.buffers <= BOUND, from_last.text
+
+
+def test_a_step_made_available_behind_the_last_lease_is_still_leased(
+    env: TestEnv, monkeypatch: pytest.MonkeyPatch
+):
+    env.register(one)
+    runs = env.client.submit_many(one, [None] * 3)
+    leases = [engine.lease_step(env.conn, worker="plans", workflows=[one.name]) for _ in runs]
+    assert all(leases)
+    # The first comes back behind the connection's last lease, as a step committed by a
+    # transaction older than that lease would.
+    straggler = leases[0]
+    assert engine.release_step(env.conn, straggler.step_id, straggler.token)
+    env.conn.execute(
+        "UPDATE cyclone_steps SET available_at = now() - interval '1 day' WHERE id = %s",
+        (straggler.step_id,),
+    )
+    # Nothing after the last lease: the lease looks again from the start.
+    again = engine.lease_step(env.conn, worker="plans", workflows=[one.name])
+    assert again is not None and again.step_id == straggler.step_id
+
+    # With steps after the last lease, a straggler waits at most FULL_SCAN_EVERY.
+    env.client.submit_many(one, [None] * 2)
+    assert engine.release_step(env.conn, again.step_id, again.token)
+    env.conn.execute(
+        "UPDATE cyclone_steps SET available_at = now() - interval '2 days' WHERE id = %s",
+        (again.step_id,),
+    )
+    monkeypatch.setattr(engine.steps, "FULL_SCAN_EVERY", 3600.0)
+    ahead = engine.lease_step(env.conn, worker="plans", workflows=[one.name])
+    assert ahead is not None and ahead.step_id != straggler.step_id
+    monkeypatch.setattr(engine.steps, "FULL_SCAN_EVERY", 0.0)
+    late = engine.lease_step(env.conn, worker="plans", workflows=[one.name])
+    assert late is not None and late.step_id == straggler.step_id

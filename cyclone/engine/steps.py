@@ -8,6 +8,7 @@ nothing, and the function returns False: the late result is discarded.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ Conn = psycopg.Connection[Any]
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 600.0
 DEFAULT_LEASE_TTL = 30.0
+# How long a connection may lease from after its last lease before it scans the candidate
+# index from the start again, to find steps that became available behind that point.
+FULL_SCAN_EVERY = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +91,61 @@ def lease_step(
     it from one thread per connection, as psycopg cursors are not shared between threads.
     """
     params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
-    row = step_cursor(conn).execute(QUERIES["step_lease"], params).fetchone()
-    return _lease_from_row(row, lease_ttl)
+    floor = _LeaseFloor.of(conn)
+    while True:
+        params.update(floor.params())
+        row = step_cursor(conn).execute(QUERIES["step_lease"], params).fetchone()
+        if not floor.taken(row):
+            return _lease_from_row(row, lease_ttl)
+
+
+_FLOOR = "_cyclone_lease_floor"
+
+
+class _LeaseFloor:
+    """Where a connection's last lease was in the candidate index, so the next starts there.
+
+    Leased steps leave their index entries behind at the left edge until VACUUM removes them;
+    a lease scanning from the start walks them all (tens of thousands between autovacuums
+    after a burst). Steps become available at the right edge (their available_at is the
+    database's now or later), so starting after the last lease skips only the dead entries.
+    A step committed behind that point by a transaction older than the last lease would be
+    skipped too: a lease that finds nothing from the point, and any lease once FULL_SCAN_EVERY
+    has passed, scans from the start. Kept on the connection, like its step cursor.
+    """
+
+    __slots__ = ("after", "full_at", "hinted")
+
+    def __init__(self) -> None:
+        self.after: tuple[datetime, int] | None = None
+        self.full_at = 0.0
+        self.hinted = False
+
+    @classmethod
+    def of(cls, conn: Conn) -> _LeaseFloor:
+        floor: _LeaseFloor | None = getattr(conn, _FLOOR, None)
+        if floor is None:
+            floor = cls()
+            setattr(conn, _FLOOR, floor)
+        return floor
+
+    def params(self) -> dict[str, Any]:
+        now = time.monotonic()
+        self.hinted = self.after is not None and now - self.full_at < FULL_SCAN_EVERY
+        if not self.hinted:
+            self.full_at = now
+        after = self.after if self.hinted else None
+        return {"after_at": after[0] if after else None, "after_id": after[1] if after else None}
+
+    def taken(self, row: dict[str, Any] | None) -> bool:
+        """Record the lease in `row`; True when a scan from the start must follow (a scan
+        from the point found nothing)."""
+        if row is not None and row.get("id") is not None:
+            self.after = (row["available_at"], row["id"])
+            return False
+        retry = self.hinted
+        self.after = None
+        return retry
 
 
 def _lease_params(
@@ -171,7 +228,8 @@ def complete_step(
     if fast is None:
         return _complete_general(conn, lease, graph, params, now)
     nothing_next = _lease_params(None, None, lease.lease_ttl, now, lease=False)
-    return _complete_fast(conn, fast, {**params, **nothing_next})[0]
+    no_floor = {"after_at": None, "after_id": None}
+    return _complete_fast(conn, fast, {**params, **nothing_next, **no_floor})[0]
 
 
 def complete_and_lease(
@@ -202,7 +260,12 @@ def complete_and_lease(
     lease_next = _lease_params(
         worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id
     )
-    done, row = _complete_fast(conn, fast, {**params, **lease_next})
+    floor = _LeaseFloor.of(conn)
+    done, row = _complete_fast(conn, fast, {**params, **lease_next, **floor.params()})
+    if done and floor.taken(row):
+        # Nothing after the last lease: look from the start, in a statement of its own.
+        return done, lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl,
+                                now=now)  # fmt: skip
     return done, _lease_from_row(row, lease_ttl)
 
 

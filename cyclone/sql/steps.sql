@@ -42,7 +42,7 @@ ON CONFLICT DO NOTHING;
 --
 -- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7),
 -- whose settings pin its plan to a walk of the candidate index whatever the statistics say
--- (bench/README.md). Being volatile, it reads with a snapshot of its own, taken as it is
+-- (bench/README.md), from after the connection's last lease (%(after_at)s, %(after_id)s). Being volatile, it reads with a snapshot of its own, taken as it is
 -- called: a step committed between the statement's start and that moment can be locked there
 -- and not be seen by `leased`, which then takes nothing; the step stays available for the
 -- next lease. The candidate is picked before `done` runs, while the snapshot is fresh (a
@@ -58,7 +58,8 @@ ON CONFLICT DO NOTHING;
 candidate AS (
     SELECT * FROM cyclone_lease_candidate(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
-               coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[])
+               coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[],
+               %(after_at)s::timestamptz, %(after_id)s::bigint)
 ), leased AS (
     UPDATE cyclone_steps s
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
@@ -68,7 +69,8 @@ candidate AS (
       FROM candidate
      WHERE s.id = candidate.id
        AND CASE WHEN candidate.id IS NOT NULL THEN EXISTS (SELECT 1 FROM done) ELSE false END
- RETURNING s.id, s.run_id::text, s.workflow, s.node, s.kind, s.item_index, s.item, s.attempt,
+ RETURNING s.id, candidate.available_at, s.run_id::text, s.workflow, s.node, s.kind,
+           s.item_index, s.item, s.attempt,
            s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
            candidate.graph_hash, candidate.parent_run_id::text,
            extract(epoch FROM least(s.timeout, candidate.deadline_at

@@ -11,20 +11,30 @@
 -- the run's columns the lease needs. Settings given
 -- to a function last for its call only: nothing leaks into the session or through a pooler.
 -- Each setting costs the backend about 10k instructions a call, so only these two are set.
+--
+-- `after_at, after_id`: where this caller's last lease was in the index (NULL: from the
+-- start). A queue leaves the entries of leased steps at the left edge of the index until
+-- VACUUM removes them, and a scan from the start walks them all: tens of thousands after a
+-- burst, between two autovacuums. Starting after the caller's last lease skips them. A step
+-- that becomes available behind that point (its transaction started before the last lease
+-- and committed after it) is found by a scan from the start, which callers make when a
+-- lease from their point finds nothing, and at least once a second (cyclone/engine/steps.py).
 CREATE FUNCTION cyclone_lease_candidate(
-    go boolean, other_than uuid, at timestamptz, workflows text[]
-) RETURNS TABLE (id bigint, input jsonb, deadline_at timestamptz, graph_hash text,
-                parent_run_id uuid)
+    go boolean, other_than uuid, at timestamptz, workflows text[], after_at timestamptz,
+    after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
+                graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 1
 SET enable_sort = off
 SET enable_hashjoin = off
 AS $$
-    SELECT s.id, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
       FROM cyclone_steps s
       JOIN cyclone_runs r ON r.id = s.run_id
      WHERE go AND s.state = 'available'
        AND s.run_id IS DISTINCT FROM other_than
        AND s.available_at <= at
+       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
