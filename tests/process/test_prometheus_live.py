@@ -16,7 +16,7 @@ import json
 import math
 import re
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -43,7 +43,7 @@ class Scene:
     target: str  # the supervisor's host:port, Prometheus's `instance` label
 
 
-def wait_equal(actual, expected, timeout: float, what: str):
+def wait_equal(actual: Callable[[], object], expected: object, timeout: float, what: str) -> None:
     """Poll `actual()` until it equals `expected`; fail showing the last value."""
     seen = []
 
@@ -104,12 +104,13 @@ def scene(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sce
             sup.stop()
 
 
+def health(prom: Prometheus) -> list[tuple[str, str]]:
+    return [(t["labels"]["instance"], t["health"]) for t in prom.targets()]
+
+
 def test_the_target_is_up_and_the_counts_match_what_happened(scene: Scene) -> None:
     prom, target = scene.prom, scene.target
-    wait_for(
-        lambda: [(t["labels"]["instance"], t["health"]) for t in prom.targets()]
-        == [(target, "up")], 10, f"the target to be up: {prom.targets()}",
-    )  # fmt: skip
+    wait_equal(lambda: health(prom), [(target, "up")], 10, "the targets")
     labels = prom.targets()[0]["labels"]
     assert labels["job"] == "cyclone" and labels["cluster"] == "production"
     base = f"cluster=production,instance={target},job=cyclone"
@@ -219,10 +220,7 @@ def test_a_killed_supervisor_is_a_down_target_and_goes_pending_as_down(scene: Sc
     """Last in the module: the supervisor does not come back."""
     prom, target = scene.prom, scene.target
     scene.sup.stop()  # SIGKILL, and the workers' process groups with it
-    wait_for(
-        lambda: [(t["labels"]["instance"], t["health"]) for t in prom.targets()]
-        == [(target, "down")], 10, "the target to be down",
-    )  # fmt: skip
+    wait_equal(lambda: health(prom), [(target, "down")], 10, "the targets")
     assert prom.targets()[0]["lastError"]
     down = {f"cluster=production,instance={target},job=cyclone": 0.0}
     wait_equal(lambda: prom.values('up{job="cyclone"}'), down, 10, "up == 0")
