@@ -56,6 +56,10 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def alert_text() -> str:
+    return (PROM / "alerts.yml").read_text()
+
+
 def alert_rules() -> dict[str, str]:
     """alert name -> expr, read from alerts.yml (a fixed layout: `- alert:` then `expr:`)."""
     rules: dict[str, str] = {}
@@ -105,12 +109,22 @@ def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
         assert text.count(field) >= len(rules), field
 
 
+def minutes(duration: str) -> float:
+    number, unit = re.fullmatch(r"(\d+)([smh])", duration).groups()
+    return int(number) * {"s": 1 / 60, "m": 1, "h": 60}[unit]
+
+
 def test_every_alert_has_a_firing_and_a_quiet_promtool_case():
     text = (PROM / "alerts_test.yml").read_text()
-    cases = re.findall(r"alertname: (\w+)\n\s+exp_alerts:( \[\])?", text)
+    cases = re.findall(r"eval_time: (\w+)\n\s+alertname: (\w+)\n\s+exp_alerts:( \[\])?", text)
+    waits = dict(re.findall(r"- alert: (\w+)\n(?:.*\n)*?\s+for: (\w+)", alert_text()))
+    assert set(waits) == set(alert_rules())
     for name in alert_rules():
-        outcomes = {bool(empty) for alert, empty in cases if alert == name}
+        outcomes = {bool(empty) for _, alert, empty in cases if alert == name}
         assert outcomes == {True, False}, name
+        # A quiet case before `for:` has passed proves nothing: nothing could fire yet.
+        quiet = [minutes(at) for at, alert, empty in cases if alert == name and empty]
+        assert max(quiet) > minutes(waits[name]), (name, quiet, waits[name])
     for series in re.findall(r"series: '([a-z_]+)\{", text):
         assert series in SPEC_METRICS | EXTRA_METRICS, series
 
@@ -118,7 +132,7 @@ def test_every_alert_has_a_firing_and_a_quiet_promtool_case():
 def test_the_alert_rules_pass_promtool_where_it_is_installed():
     """Without promtool, the structural checks above are what remains, and this says so."""
     if shutil.which("promtool") is None:
-        pytest.skip("promtool is not installed")
+        pytest.skip("promtool is not installed; on Debian: apt-get install prometheus (as .ci/run)")
     for argv in (
         ["promtool", "check", "rules", "alerts.yml"],
         ["promtool", "check", "config", "scrape.yml"],

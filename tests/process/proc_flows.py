@@ -58,3 +58,9 @@ def work(ctx: cyclone.StepContext) -> int:
 @busy.task(after=[work])
 def after(ctx: cyclone.StepContext) -> int:
     return ctx.results["work"] + 1
+
+
+# A run that only waits for a signal: no worker holds it, so many can hit their run deadline
+# at once (the scanner fails them and dead-letters their waiting steps).
+parked = cyclone.Workflow("proc-parked")
+parked.wait("approval")
