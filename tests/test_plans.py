@@ -291,12 +291,10 @@ def test_a_lease_starts_after_the_connections_last_lease_and_skips_the_dead_pref
         " ORDER BY available_at DESC, id DESC LIMIT 1"
     ).fetchone()
     params = _lease_params(None, workflows=text_array((one.name,)))
-    # The session's first call plans the function's query, reading the catalogs: not counted.
-    env.conn.execute("SELECT cyclone_lease_candidate(false, NULL, now(), NULL, NULL, NULL)")
-    from_last = probe(
-        env.conn, "step_lease", {**params, "after_at": last["available_at"],
-                                 "after_id": last["id"]}, "generic"
-    )  # fmt: skip
+    after = {**params, "after_at": last["available_at"], "after_id": last["id"]}
+    # The session's first calls plan the function's query, reading the catalogs: not counted.
+    for _ in range(2):
+        from_last = probe(env.conn, "step_lease", after, "generic")
     from_start = probe(env.conn, "step_lease", params, "generic")
     assert from_start.buffers > 300, from_start.text  # the case the floor is for
     assert from_last.buffers <= BOUND, from_last.text
