@@ -231,9 +231,7 @@ def running_dsn(path: str | os.PathLike[str]) -> str:
     )
 
 
-def ensure_server(
-    path: str | os.PathLike[str] | None = None, announce: Announce = _stderr
-) -> str:
+def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce = _stderr) -> str:
     """Start the embedded server in `path` (default: `data_dir()`), or reuse the one running
     there once it answers; return its DSN. A new cluster is announced in one line (where, and
     how to stop it). ConfigError, in one line saying what to do, when it cannot be used.

@@ -95,12 +95,9 @@ def test_a_server_whose_binaries_were_deleted_is_replaced_and_testenv_leaks_noth
     tmpdir.chmod(0o755)
     environ = {**os.environ, "TMPDIR": str(tmpdir)}
     environ.pop("CYCLONE_TEST_DSN", None)
-    data = Path(
-        subprocess.check_output(
-            [sys.executable, "-c", "from cyclone import embedded as e; print(e.default_test_data_dir())"],
-            env=environ, text=True,
-        ).strip()
-    )  # fmt: skip
+    where = "from cyclone import embedded; print(embedded.default_test_data_dir())"
+    data = Path(subprocess.check_output([sys.executable, "-c", where], env=environ, text=True))
+    data = Path(str(data).strip())
     assert data.parent == tmpdir
     bin_path = copy_of_our_binaries(short_tmp / "venv-of-a-ci-clone")
     broken = start_from(bin_path, data, embedded.installed_version())
@@ -120,7 +117,8 @@ def test_a_server_whose_binaries_were_deleted_is_replaced_and_testenv_leaks_noth
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert cyclone_test_schemas(state.dsn) == 0
 
-    (short_tmp / "test_it.py").write_text(textwrap.dedent("""
+    (short_tmp / "test_it.py").write_text(
+        textwrap.dedent("""
         from datetime import timedelta
         import cyclone
 
@@ -134,7 +132,8 @@ def test_a_server_whose_binaries_were_deleted_is_replaced_and_testenv_leaks_noth
             cyclone_env.register(wf)
             run_id = cyclone_env.client.submit(wf, {})
             assert cyclone_env.run_until_complete(run_id).output == {"one": 1}
-    """))
+    """)
+    )
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_it.py"],
         cwd=short_tmp, env=environ, capture_output=True, text=True, timeout=120,
