@@ -214,18 +214,22 @@ def probe(dsn: str) -> str | None:
 # --- starting and stopping --------------------------------------------------------------------
 
 
+class NotRunning(ConfigError):
+    """No embedded server runs where a command that must not start one looked."""
+
+
 def running_dsn(path: str | os.PathLike[str]) -> str:
-    """The DSN of the server running in `path`; never creates or starts one (ConfigError)."""
+    """The DSN of the server running in `path`; never creates or starts one (NotRunning)."""
     state = inspect(path)
     if state.dsn is not None:
         return state.dsn
     if not state.initialized:
-        raise ConfigError(
+        raise NotRunning(
             f"no embedded PostgreSQL in {state.data_dir} yet: `cyclone migrate` creates and "
             f"starts one (so does cyclone-supervisor); set CYCLONE_DATABASE_URL or "
             f"{ENV_EMBEDDED_DIR} to use another"
         )
-    raise ConfigError(
+    raise NotRunning(
         f"the embedded PostgreSQL in {state.data_dir} is not running: start it with "
         "`cyclone embedded start` (cyclone-supervisor starts it too)"
     )

@@ -50,6 +50,9 @@ METRICS_STATEMENT_TIMEOUT_MS = 1000
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+# The exit status of a start-up that a setting makes impossible (as for a bad config file):
+# systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
+EXIT_CONFIG = 2
 
 
 def arbiter_config(settings: Settings) -> ArbiterConfig:
@@ -132,6 +135,12 @@ class Supervisor:
 
     def run(self) -> int:
         set_title(supervisor_title())
+        try:
+            # Before any child or signal handler: READY=1 promises that /metrics is served.
+            self.serve_metrics()
+        except ConfigError as exc:
+            log.critical("%s", exc, extra={"action": "start"})
+            return EXIT_CONFIG
         ops = OsProcessOps()
         ops.private_fds = self.install_signals()
         store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
@@ -141,7 +150,6 @@ class Supervisor:
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
-        self.serve_metrics()
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
         self.arbiter.start()
@@ -249,9 +257,13 @@ class Supervisor:
         try:
             self.metrics_server = MetricsServer(self.metrics, config.bind, config.port)
         except OSError as exc:
-            # Kills matter more than metrics: run without them rather than not at all.
-            log.error("cannot serve metrics on %s:%d: %s", config.bind, config.port, exc)
-            return
+            # Running without them would report ready with a promised part missing, and
+            # alerts on cyclone_* metrics would read the silence as "no problems".
+            raise ConfigError(
+                f"[metrics] cannot serve on {config.bind}:{config.port}: "
+                f"{exc.strerror or exc}: choose another [metrics] port (0 picks a free one) "
+                "or bind, or set [metrics] enabled = false"
+            ) from None
         self.selector.register(self.metrics_server.fileno(), selectors.EVENT_READ, _METRICS)
 
     # --- notifications ------------------------------------------------------------------------
