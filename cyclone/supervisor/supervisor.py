@@ -23,6 +23,7 @@ import psycopg
 from cyclone.config import Settings, load_config
 from cyclone.errors import ConfigError
 from cyclone.notify import Notifier
+from cyclone.outage import OutageLog
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
 from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
@@ -115,6 +116,7 @@ class Supervisor:
         self.coalesce_until = 0.0
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
+        self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
         self.next_listen_at = 0.0
         self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))
         self.metrics_server: MetricsServer | None = None
@@ -235,7 +237,12 @@ class Supervisor:
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
         )  # fmt: skip
-        self.presence.publish(snap, now)
+        if self.presence.publish(snap, now):
+            # Its publishes are the loop's own regular database calls: they tell when the
+            # database answers again, even with no scanner and every worker gone.
+            self.arbiter.database_answered()
+        else:
+            self.arbiter.database_failed()
         self.notifier.update(self.status_line())
 
     def status_line(self) -> str:
@@ -279,10 +286,12 @@ class Supervisor:
         try:
             working = self.listener.open()
         except psycopg.Error as exc:
-            log.warning("cannot LISTEN for revocations, polling: %s", exc)
+            # Retried every LISTEN_RETRY: said once per outage, polling meanwhile.
+            self.listen_outage.failed(exc)
             self.listener.close()
             working = False
         else:
+            self.listen_outage.succeeded()
             self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 
