@@ -83,10 +83,11 @@ def submit_demo_runs(client: cyclone.Client) -> list[str]:
     return ids
 
 
+# Each line fits 80 columns: this is read in a terminal, between log lines.
 NEXT_STEPS = """\
-  watch it:  cyclone status          (in another terminal; also cyclone runs, cyclone dlq list)
-  stop it:   Ctrl-C                  (the supervisor drains; the runs stay in the database)
-  and then:  cyclone embedded stop   (stops the embedded PostgreSQL, which keeps running)"""
+  watch it:  cyclone status (in another terminal; also cyclone runs, dlq list)
+  stop it:   Ctrl-C (the supervisor drains; the runs stay in the database)
+  and then:  cyclone embedded stop (PostgreSQL keeps running until then)"""
 # How often the showcase's runs are checked, and how long it may take before we stop looking.
 POLL = 0.5
 SHOWCASE_TIMEOUT = 120.0
