@@ -271,9 +271,12 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
     server = pgserver.PostgresServer(target, cleanup_mode=None)
     server.start()
     if not state.initialized:
+        stop = "cyclone embedded stop"
+        if target != data_dir():  # not where a plain `cyclone` command looks
+            stop += f" --dir {target}"
         announce(
             f"created an embedded PostgreSQL {installed_version()} cluster in {target} "
-            "(it keeps running: `cyclone embedded stop` stops it)"
+            f"(it keeps running: `{stop}` stops it)"
         )
     return str(server.get_uri())
 

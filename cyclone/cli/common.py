@@ -116,6 +116,10 @@ class Session:
             raise CliError(USAGE, f"{origin}: {redact(dsn, str(exc))}") from None
         return dsn
 
+    @property
+    def config(self) -> str | None:
+        return self._config
+
     def embedded_dir(self) -> Path:
         """Where the embedded server of this command's config (or the default one) lives."""
         from cyclone import embedded

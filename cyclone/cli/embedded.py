@@ -82,9 +82,9 @@ def status(session: Session, args: argparse.Namespace) -> int:
             lines.append(f"  runs {info['executable']} ({whose})")
         if info["problem"]:
             lines.append(f"  cannot be used: {info['problem']}")
-        lines.append("  stop it: cyclone embedded stop" + _dir_flag(args))
+        lines.append("  stop it: cyclone embedded stop" + _dir_flag(session, args))
     elif info["state"] == "stopped":
-        lines.append("  start it: cyclone embedded start" + _dir_flag(args))
+        lines.append("  start it: cyclone embedded start" + _dir_flag(session, args))
     else:
         lines.append("  created by: cyclone embedded start, cyclone migrate or cyclone-supervisor")
     print("\n".join(lines))
@@ -114,7 +114,10 @@ def stop(session: Session, args: argparse.Namespace) -> int:
     return OK
 
 
-def _dir_flag(args: argparse.Namespace) -> str:
+def _dir_flag(session: Session, args: argparse.Namespace) -> str:
+    """The option that names this server again in a suggested command."""
     if args.dir:
         return f" --dir {args.dir}"
-    return " --tests" if args.tests else ""
+    if args.tests:
+        return " --tests"
+    return f" --config {session.config}" if session.config else ""
