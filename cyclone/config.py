@@ -254,7 +254,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Address to listen on; metrics are not authenticated, so keep it private."),
     Setting("metrics", "port", INT, 9464, _ints(0, 65535), "Port to listen on; 0 picks one."),
     Setting("workflows", "modules", MODULES, (), MODULE_NAMES,
-            "Dotted module names to import, e.g. [\"myapp.workflows\"]."),
+            "Dotted module names to import, e.g. [\"myapp.workflows\"], before the database is "
+            "touched. Found on PYTHONPATH, in the installed packages, then in this file's "
+            "directory."),
     Setting("logging", "level", STR, "info", _one_of("debug", "info", "warning", "error"),
             "Lowest level logged."),
     Setting("logging", "format", STR, "text", _one_of("text", "json"),
