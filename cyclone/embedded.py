@@ -214,8 +214,14 @@ def probe(dsn: str) -> str | None:
             conn.execute("DO $$ BEGIN END $$")
     except psycopg.Error as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        if any(busy in first for busy in _BUSY):
+            return None  # working, only busy right now: never a reason to replace it
         return f"it does not work: {first}"
     return None
+
+
+# What a healthy server may answer for a moment (its clients are full, it is starting up).
+_BUSY = ("too many clients", "the database system is starting up", "remaining connection slots")
 
 
 # --- starting and stopping --------------------------------------------------------------------
