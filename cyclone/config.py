@@ -224,6 +224,10 @@ SETTINGS: tuple[Setting, ...] = (
             f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
     Setting("database", "migrate", BOOL, True, None,
             "Apply pending schema migrations at start-up (under an advisory lock)."),
+    Setting("database", "embedded_dir", STR, None, None,
+            "Where the embedded PostgreSQL keeps its data when url is unset; a relative path is "
+            "taken from this file's directory. Unset: $XDG_DATA_HOME/cyclone/pgdata (else "
+            "~/.local/share/cyclone/pgdata). CYCLONE_EMBEDDED_DIR overrides it."),
     Setting("supervisor", "workers", INT, 4, _ints(1),
             "Worker processes to fork; each runs one step at a time."),
     Setting("supervisor", "kill_grace", DURATION, 2.0, None,
@@ -250,7 +254,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Address to listen on; metrics are not authenticated, so keep it private."),
     Setting("metrics", "port", INT, 9464, _ints(0, 65535), "Port to listen on; 0 picks one."),
     Setting("workflows", "modules", MODULES, (), MODULE_NAMES,
-            "Dotted module names to import, e.g. [\"myapp.workflows\"]."),
+            "Dotted module names to import, e.g. [\"myapp.workflows\"], before the database is "
+            "touched. Found on PYTHONPATH, in the installed packages, then in this file's "
+            "directory."),
     Setting("logging", "level", STR, "info", _one_of("debug", "info", "warning", "error"),
             "Lowest level logged."),
     Setting("logging", "format", STR, "text", _one_of("text", "json"),
@@ -275,10 +281,14 @@ def _default(section: str, key: str) -> Any:
 class DatabaseConfig:
     url: str | None = _default("database", "url")
     migrate: bool = _default("database", "migrate")
+    embedded_dir: str | None = _default("database", "embedded_dir")
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
-        return f"DatabaseConfig(url={url!r}, migrate={self.migrate!r})"
+        return (
+            f"DatabaseConfig(url={url!r}, migrate={self.migrate!r}, "
+            f"embedded_dir={self.embedded_dir!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +444,22 @@ def load_config(
         values["database"]["url"] = _check_value(
             ENV_DATABASE_URL, _BY_SECTION["database"]["url"], env_url
         )
+    url = values["database"].get("url")
+    if url is not None:
+        from cyclone.db import check_dsn
+
+        try:
+            # Syntax is left to the connection: the config keeps accepting what it accepted.
+            check_dsn(url, syntax=False)
+        except ConfigError as exc:
+            if env_url:
+                raise _fail(ENV_DATABASE_URL, str(exc)) from None
+            raise _fail(origin, f"[database] url: {exc}") from None
+    embedded_dir = values["database"].get("embedded_dir")
+    if embedded_dir is not None and path is not None:
+        # Relative to the file, not to wherever the command happens to run.
+        here = os.path.dirname(os.path.abspath(path))
+        values["database"]["embedded_dir"] = os.path.join(here, os.path.expanduser(embedded_dir))
     settings = Settings(**{name: cls(**values[name]) for name, cls in SECTION_CLASSES.items()})
     _check_together(origin, settings)
     return settings
@@ -458,6 +484,10 @@ _EXAMPLE_HEADER = f"""\
 """
 
 
+# What the example shows, commented out, for the settings that are unset by default.
+_EXAMPLES = {"url": EXAMPLE_DATABASE_URL, "embedded_dir": "/var/lib/cyclone/pgdata"}
+
+
 def _comment(text: str) -> list[str]:
     return textwrap.wrap(text, width=98, initial_indent="# ", subsequent_indent="# ")
 
@@ -471,7 +501,7 @@ def render_example() -> str:
             lines += [""] if i else []
             lines += _comment(setting.doc)
             if setting.default is None:
-                lines.append(f'# {setting.key} = "{EXAMPLE_DATABASE_URL}"')
+                lines.append(f'# {setting.key} = "{_EXAMPLES[setting.key]}"')
             else:
                 lines.append(f"{setting.key} = {setting.type.render(setting.default)}")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ import functools
 import json
 import math
 import os
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -24,16 +25,76 @@ _RETRIES = 5
 T = TypeVar("T")
 
 
-def resolve_dsn(dsn: str | None) -> str:
-    """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server."""
+def resolve_dsn(
+    dsn: str | None, embedded_dir: str | None = None, announce: Callable[[str], None] | None = None
+) -> str:
+    """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server,
+    started (or created, which `announce` reports) in `embedded.data_dir(embedded_dir)`."""
     if dsn:
         return dsn
     env = os.environ.get("CYCLONE_DATABASE_URL")
     if env:
         return env
-    from cyclone.embedded import DEFAULT_DATA_DIR, ensure_server
+    from cyclone import embedded
 
-    return ensure_server(os.environ.get("CYCLONE_EMBEDDED_DIR", DEFAULT_DATA_DIR))
+    where = embedded.data_dir(embedded_dir)
+    if announce is None:
+        return embedded.ensure_server(where)
+    return embedded.ensure_server(where, announce=announce)
+
+
+# The values libpq accepts for the options that take one of a few words: a value outside them
+# fails every connection ("invalid sslmode value"), which is a configuration mistake, not an
+# unreachable database.
+_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "sslnegotiation": ("postgres", "direct"),
+    "sslcertmode": ("disable", "allow", "require"),
+    "load_balance_hosts": ("disable", "random"),
+    "target_session_attrs": (
+        "any", "read-write", "read-only", "primary", "standby", "prefer-standby",
+    ),
+}  # fmt: skip
+_URL_SCHEME = re.compile(r"\s*([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_dsn(dsn: str, *, syntax: bool = True) -> None:
+    """Raise ConfigError, in one line without the password, if libpq would refuse `dsn`
+    before trying to connect: another database's URL, bad syntax (unless `syntax` is false),
+    a value out of range."""
+    from cyclone.config import redact_dsn
+    from cyclone.errors import ConfigError
+
+    scheme = _URL_SCHEME.match(dsn)
+    if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
+        raise ConfigError(
+            f"not a PostgreSQL URL (it starts with {scheme.group(1)}://): Cyclone needs a "
+            'PostgreSQL server, named by a "postgresql://" URL or by key=value pairs'
+        )
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        if not syntax:
+            return
+        first = " ".join(str(exc).split())
+        if params_password := _password_in(dsn):
+            first = first.replace(params_password, "***")
+        raise ConfigError(f"not a usable database URL: {redact_dsn(first)}") from None
+    for key, allowed in _CHOICES.items():
+        value = params.get(key)
+        if value is not None and value not in allowed:
+            # The value is not shown: in a URL mangled by a raw "/" or "?" in the password,
+            # it may be part of the password.
+            raise ConfigError(
+                f"{key}: not a value PostgreSQL accepts (one of {', '.join(allowed)})"
+            )
+
+
+def _password_in(dsn: str) -> str | None:
+    match = re.search(r"://[^:/?#@]*:([^@]*)@", dsn)
+    return match.group(1) if match and match.group(1) else None
 
 
 def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:

@@ -8,6 +8,7 @@ gates (retries, sleeps, max_wait, run deadlines) are crossed without sleeping.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -24,7 +25,7 @@ from psycopg.conninfo import make_conninfo
 from cyclone import engine, runner
 from cyclone.client import Client
 from cyclone.db import connect
-from cyclone.embedded import default_test_data_dir, ensure_server
+from cyclone.embedded import ensure_test_server
 from cyclone.errors import RunStuck
 from cyclone.migrate import migrate
 from cyclone.models import RunStatus
@@ -38,8 +39,9 @@ _LEASE_TTL = 60.0
 
 @functools.cache
 def server_dsn() -> str:
-    """CYCLONE_TEST_DSN, else the embedded server (started once per process, then reused)."""
-    return os.environ.get("CYCLONE_TEST_DSN") or ensure_server(default_test_data_dir())
+    """CYCLONE_TEST_DSN, else this install's embedded test server (checked and started once
+    per process, then reused; see `cyclone.embedded.ensure_test_server`)."""
+    return os.environ.get("CYCLONE_TEST_DSN") or ensure_test_server()
 
 
 class TestEnv:
@@ -54,14 +56,24 @@ class TestEnv:
             admin.execute(sql.SQL(QUERIES["schema_create"]).format(sql.Identifier(self.schema)))
         self._base = base
         self.dsn = make_conninfo(base, options=f"-c search_path={self.schema}")
-        self.conn = connect(self.dsn)
-        migrate(self.conn)
-        self.registry = Registry()
-        self._offset = timedelta()
-        self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
-        self._mono_start = time.monotonic()
-        self.client = Client(self.dsn, _clock=self.now, _on_workflow=self.register)
-        self.register(*workflows)
+        try:
+            self.conn = connect(self.dsn)
+            migrate(self.conn)
+            self.registry = Registry()
+            self._offset = timedelta()
+            self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
+            self._mono_start = time.monotonic()
+            self.client = Client(self.dsn, _clock=self.now, _on_workflow=self.register)
+            self.register(*workflows)
+        except BaseException:
+            # No half-made env: its connections and schema must not outlive the failure (an
+            # unclosed connection's ResourceWarning would fail some unrelated test later).
+            for part in (getattr(self, "client", None), getattr(self, "conn", None)):
+                if part is not None:
+                    part.close()
+            with contextlib.suppress(psycopg.Error):
+                self._drop_schema()
+            raise
 
     # -- setup ---
 
@@ -76,6 +88,9 @@ class TestEnv:
     def close(self) -> None:
         self.client.close()
         self.conn.close()
+        self._drop_schema()
+
+    def _drop_schema(self) -> None:
         with psycopg.connect(self._base, autocommit=True) as admin:
             admin.execute(sql.SQL(QUERIES["schema_drop"]).format(sql.Identifier(self.schema)))
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import errors as pg_errors
 
-from cyclone.cli import admin, dlq, runs, status
+from cyclone.cli import admin, dlq, embedded, runs, status
 from cyclone.cli.common import (
     REFUSED,
     STATEMENT_TIMEOUT_MS,
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (admin, runs, dlq, status):
+    for module in (admin, runs, dlq, status, embedded):
         module.add_commands(sub, [common, listing])
     return parser
 
@@ -75,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         given.get("dsn"),
         given.get("config"),
         given.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS),
+        start_embedded=given.get("start_embedded", False),
     )
     try:
         return args.run(session, args)

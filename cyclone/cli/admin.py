@@ -14,7 +14,8 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         "migrate", parents=common, help="apply pending schema migrations (under a lock)"
     )
     # DDL may wait on the migration lock or on a long transaction: no statement timeout.
-    p.set_defaults(run=run_migrate, statement_timeout_ms=0)
+    # It sets the database up: the one command that may create and start the embedded server.
+    p.set_defaults(run=run_migrate, statement_timeout_ms=0, start_embedded=True)
 
 
 def run_migrate(session: Session, args: argparse.Namespace) -> int:

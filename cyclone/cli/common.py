@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import UTC, datetime, timedelta
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,7 +26,8 @@ from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
-from cyclone.db import connect, is_step_id, resolve_dsn, with_options
+from cyclone.db import check_dsn, connect, is_step_id, resolve_dsn, with_options
+from cyclone.errors import ConfigError
 
 # Exit statuses (SPEC section 8).
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -73,10 +75,14 @@ class Session:
         dsn: str | None,
         config: str | None,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
+        start_embedded: bool = False,
     ) -> None:
         self._dsn_arg = dsn
         self._config = config
         self.statement_timeout_ms = statement_timeout_ms
+        # Only commands that set the database up (migrate, embedded start) may create or start
+        # the embedded server; the others look for a running one and say what to do if none.
+        self.start_embedded = start_embedded
         self._dsn: str | None = None
         self._conn: psycopg.Connection[Any] | None = None
 
@@ -94,21 +100,42 @@ class Session:
         # --dsn, else the config's database.url (which CYCLONE_DATABASE_URL overrides, as it
         # does for the supervisor reading the same file), else CYCLONE_DATABASE_URL, else the
         # embedded server.
+        embedded_dir = None
         if self._dsn_arg is not None:
             dsn, origin = self._dsn_arg, "--dsn"
         elif self._config is not None:
-            dsn, origin = load_config(self._config).database.url, self._config
+            database = load_config(self._config).database
+            dsn, origin, embedded_dir = database.url, self._config, database.embedded_dir
         else:
             dsn, origin = os.environ.get(ENV_DATABASE_URL) or None, ENV_DATABASE_URL
         if dsn is None:
-            return resolve_dsn(None)
+            return self._embedded(embedded_dir)
         try:
-            conninfo_to_dict(dsn)
-        except psycopg.ProgrammingError as exc:
-            raise CliError(
-                USAGE, f"{origin}: not a usable database URL: {redact(dsn, str(exc))}"
-            ) from None
+            check_dsn(dsn)
+        except ConfigError as exc:
+            raise CliError(USAGE, f"{origin}: {redact(dsn, str(exc))}") from None
         return dsn
+
+    @property
+    def config(self) -> str | None:
+        return self._config
+
+    def embedded_dir(self) -> Path:
+        """Where the embedded server of this command's config (or the default one) lives."""
+        from cyclone import embedded
+
+        configured = load_config(self._config).database.embedded_dir if self._config else None
+        return embedded.data_dir(configured)
+
+    def _embedded(self, embedded_dir: str | None) -> str:
+        from cyclone import embedded
+
+        if self.start_embedded:
+            return resolve_dsn(None, embedded_dir)
+        try:
+            return embedded.running_dsn(embedded.data_dir(embedded_dir))
+        except embedded.NotRunning as exc:
+            raise CliError(UNREACHABLE, str(exc)) from None
 
     def connect(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:

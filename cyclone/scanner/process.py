@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 
+from cyclone.outage import OutageLog
 from cyclone.scanner.base import Sweep
 from cyclone.scanner.deadlines import DeadlineSweep
 from cyclone.scanner.leases import ExpiredLeaseSweep
@@ -71,6 +72,7 @@ class Scanner:
         self.sweeps = make_sweeps(options)
         self.stop_requested = False
         self.conn: psycopg.Connection[Any] | None = None
+        self.outage = OutageLog(log, "scanner")
 
     def run(self, fd: int) -> int:
         try:
@@ -126,12 +128,14 @@ class Scanner:
                 counts[sweep.name] = sweep.sweep(self.db(), pause=self.wakeup.wait)
             except psycopg.OperationalError as exc:
                 # The database went away: the next pass reconnects; nothing is half-done,
-                # since every batch is one transaction.
-                log.warning("%s: database unavailable: %s", sweep.name, exc)
+                # since every batch is one transaction. Logged once per outage, not per pass.
+                self.outage.failed(exc)
                 self.conn = None
                 return counts, False
             except psycopg.Error as exc:
                 log.error("%s: %s", sweep.name, exc, extra={"action": "sweep"})
+        if counts:
+            self.outage.succeeded()
         return counts, True
 
     def db(self) -> psycopg.Connection[Any]:

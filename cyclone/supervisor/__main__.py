@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -14,7 +16,7 @@ import psycopg
 from cyclone.config import Settings, load_config
 from cyclone.db import connect, resolve_dsn
 from cyclone.engine import register_workflows
-from cyclone.errors import CycloneError
+from cyclone.errors import ConfigError, CycloneError
 from cyclone.migrate import latest_version, migrate
 from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
@@ -61,17 +63,69 @@ def load_workflows(settings: Settings) -> Registry:
     return load_modules(settings.workflows.modules)
 
 
-def prepare(settings: Settings) -> tuple[str, Registry]:
-    """Everything that can fail before the first fork: database, schema, workflow code."""
-    dsn = resolve_dsn(settings.database.url)
+def import_workflows(settings: Settings, config_path: str | None) -> Registry:
+    """Import the workflow modules, before the database is touched: a module that cannot be
+    imported is the most common first-start mistake, and it must not cost a PostgreSQL start
+    and a migration to find out. The config file's directory is searched last, after
+    PYTHONPATH and the installed packages, so a module beside the config imports as is."""
+    if config_path is not None:
+        here = os.path.dirname(os.path.abspath(config_path))
+        if here not in sys.path:
+            sys.path.append(here)
+    for name in settings.workflows.modules:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            raise ConfigError(_not_found(name, exc, config_path)) from None
+        except Exception as exc:
+            where = _where(exc)
+            raise ConfigError(
+                f'[workflows] modules: importing "{name}" failed: '
+                f"{type(exc).__name__}: {exc}{where}"
+            ) from None
+    return load_workflows(settings)
+
+
+def _not_found(name: str, exc: ModuleNotFoundError, config_path: str | None) -> str:
+    missing = exc.name or name
+    if name != missing and not name.startswith(missing + "."):
+        return (
+            f'[workflows] modules: "{name}" imports "{missing}", which is not installed: '
+            "pip install it into this Python's environment"
+        )
+    looked = "PYTHONPATH and the installed packages"
+    if config_path is not None:
+        looked += f" and {os.path.dirname(os.path.abspath(config_path))}"
+    return (
+        f'[workflows] modules: cannot import "{name}" (searched {looked}): '
+        "pip install the package that provides it, or set PYTHONPATH to the directory that "
+        "holds it"
+    )
+
+
+def _where(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" ({exc.filename}, line {exc.lineno})"
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    return f" ({tb.tb_frame.f_code.co_filename}, line {tb.tb_lineno})"
+
+
+def prepare(settings: Settings, registry: Registry) -> str:
+    """What can fail before the first fork once the code imports: database, schema, graphs.
+    A new embedded cluster is logged as a warning: a second database where an operator
+    expected their first one must not pass unnoticed."""
+    dsn = resolve_dsn(settings.database.url, settings.database.embedded_dir, announce=log.warning)
     if settings.database.migrate:
         migrate(dsn)
-    registry = load_workflows(settings)
     with connect(dsn) as conn:
         check_schema(conn)
         register_workflows(conn, registry.values())
     log.info("workflows: %s", ", ".join(sorted(registry)) or "none", extra={"action": "register"})
-    return dsn, registry
+    return dsn
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
@@ -101,12 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     setup_logging(settings)
     try:
-        dsn, registry = prepare(settings)
+        registry = import_workflows(settings, args.config)
+        dsn = prepare(settings, registry)
     except CycloneError as exc:
         print(f"cyclone-supervisor: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except ImportError as exc:
-        print(f"cyclone-supervisor: [workflows] modules: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except psycopg.OperationalError as exc:
         # libpq's messages name the host, never the password.

@@ -98,6 +98,7 @@ class Arbiter:
         self.generation = 0
         self.boot_failures = 0
         self.next_spawn_at = 0.0
+        self.database_down = False
         self.notifications = False
         self.notified = False
         self.next_poll = 0.0
@@ -248,6 +249,10 @@ class Arbiter:
             handle.lease = None
         elif isinstance(message, channel.Scanned):
             self.events.scanned(message)
+            if not message.ok:
+                self.database_failed()
+            elif message.counts:  # a pass that ran its sweeps: the database answered
+                self.database_answered()
 
     # --- reaping ------------------------------------------------------------------------------
 
@@ -300,9 +305,28 @@ class Arbiter:
         expected = status.code in (channel.ExitCode.OK, channel.ExitCode.RECYCLE)
         return not expected and self.clock() - handle.spawned_at < FAST_EXIT
 
+    def database_failed(self) -> None:
+        """Someone (the scanner, presence) found the database down: workers cannot boot."""
+        self.database_down = True
+
+    def database_answered(self) -> None:
+        """The database answers again: children that failed to boot during the outage are
+        spawned now, not when a backoff of up to BOOT_BACKOFF_CAP runs out."""
+        if not self.database_down:
+            return
+        self.database_down = False
+        if self.boot_failures:
+            log.info(
+                "the database answers again: spawning now (backoff reset)",
+                extra={"action": "spawn"},
+            )  # fmt: skip
+            self.boot_failures = 1  # still one probe at a time until a child boots
+            self.next_spawn_at = self.clock()
+
     def boot_failed(self, handle: WorkerHandle) -> None:
         self.boot_failures += 1
-        if self.boot_failures >= MAX_BOOT_FAILURES:
+        # An outage is not a broken install: wait it out (backing off) rather than halt.
+        if self.boot_failures >= MAX_BOOT_FAILURES and not self.database_down:
             log.critical(
                 "%d children in a row failed to boot; halting", self.boot_failures,
                 extra={"action": "halt"},
@@ -458,7 +482,12 @@ class Arbiter:
             self.retire(handle)
         if self.clock() < self.next_spawn_at:
             return
-        # After a boot failure, probe with one child at a time until one boots.
+        if self.boot_failures and self.database_down:
+            return  # they could only fail to boot: database_answered() spawns them
+        # After a boot failure, probe with one child at a time until one boots (a probe
+        # still booting counts: ticks come faster than children boot).
+        if self.boot_failures and any(not h.booted for h in self.live()):
+            return
         budget = 1 if self.boot_failures else self.missing()
         if self.config.scanner and not any(h.role is Role.SCANNER for h in self.live()):
             budget -= self.spawn(Role.SCANNER)

@@ -23,6 +23,7 @@ import psycopg
 from cyclone.config import Settings, load_config
 from cyclone.errors import ConfigError
 from cyclone.notify import Notifier
+from cyclone.outage import OutageLog
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
 from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
@@ -50,6 +51,9 @@ METRICS_STATEMENT_TIMEOUT_MS = 1000
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+# The exit status of a start-up that a setting makes impossible (as for a bad config file):
+# systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
+EXIT_CONFIG = 2
 
 
 def arbiter_config(settings: Settings) -> ArbiterConfig:
@@ -112,6 +116,7 @@ class Supervisor:
         self.coalesce_until = 0.0
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
+        self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
         self.next_listen_at = 0.0
         self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))
         self.metrics_server: MetricsServer | None = None
@@ -132,6 +137,12 @@ class Supervisor:
 
     def run(self) -> int:
         set_title(supervisor_title())
+        try:
+            # Before any child or signal handler: READY=1 promises that /metrics is served.
+            self.serve_metrics()
+        except ConfigError as exc:
+            log.critical("%s", exc, extra={"action": "start"})
+            return EXIT_CONFIG
         ops = OsProcessOps()
         ops.private_fds = self.install_signals()
         store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
@@ -141,7 +152,6 @@ class Supervisor:
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
-        self.serve_metrics()
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
         self.arbiter.start()
@@ -227,7 +237,12 @@ class Supervisor:
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
         )  # fmt: skip
-        self.presence.publish(snap, now)
+        if self.presence.publish(snap, now):
+            # Its publishes are the loop's own regular database calls: they tell when the
+            # database answers again, even with no scanner and every worker gone.
+            self.arbiter.database_answered()
+        else:
+            self.arbiter.database_failed()
         self.notifier.update(self.status_line())
 
     def status_line(self) -> str:
@@ -249,9 +264,13 @@ class Supervisor:
         try:
             self.metrics_server = MetricsServer(self.metrics, config.bind, config.port)
         except OSError as exc:
-            # Kills matter more than metrics: run without them rather than not at all.
-            log.error("cannot serve metrics on %s:%d: %s", config.bind, config.port, exc)
-            return
+            # Running without them would report ready with a promised part missing, and
+            # alerts on cyclone_* metrics would read the silence as "no problems".
+            raise ConfigError(
+                f"[metrics] cannot serve on {config.bind}:{config.port}: "
+                f"{exc.strerror or exc}: choose another [metrics] port (0 picks a free one) "
+                "or bind, or set [metrics] enabled = false"
+            ) from None
         self.selector.register(self.metrics_server.fileno(), selectors.EVENT_READ, _METRICS)
 
     # --- notifications ------------------------------------------------------------------------
@@ -267,10 +286,12 @@ class Supervisor:
         try:
             working = self.listener.open()
         except psycopg.Error as exc:
-            log.warning("cannot LISTEN for revocations, polling: %s", exc)
+            # Retried every LISTEN_RETRY: said once per outage, polling meanwhile.
+            self.listen_outage.failed(exc)
             self.listener.close()
             working = False
         else:
+            self.listen_outage.succeeded()
             self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 

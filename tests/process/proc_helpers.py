@@ -107,12 +107,12 @@ class SupervisorProcess:
         self.config = tmp / f"{name}.toml"
         self.config.write_text(render_config(overrides))
         self.log_path = tmp / f"{name}.log"
-        environ = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-            CYCLONE_DATABASE_URL=dsn,
-            **(environ or {}),
-        )
+        environ = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+            "CYCLONE_DATABASE_URL": dsn,
+            **(environ or {}),  # last: a test may unset the URL ("") to use the embedded server
+        }
         with self.log_path.open("wb") as log:
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "cyclone.supervisor", "--config", str(self.config)],
