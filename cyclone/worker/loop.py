@@ -57,6 +57,9 @@ class Worker:
         self.idle_reported = False
         self.conn: psycopg.Connection[Any] | None = None
         self.unsent: channel.Done | None = None  # sent with the next lease's line
+        # When the statement that took the lease in hand was sent (monotonic): its term in the
+        # database starts no earlier.
+        self.lease_sent = 0.0
         self.name = ""
         self.workflows = tuple(registry)  # the names this worker leases for, on every lease
         # Set by the keeper when a signal arrives: wakes the idle main thread.
@@ -104,12 +107,24 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_stop)
         if _signal.getsignal(signal.SIGUSR1) != self._on_retire:
             signal.signal(signal.SIGUSR1, self._on_retire)
+        if _signal.getsignal(signal.SIGCONT) != self._on_continue:
+            signal.signal(signal.SIGCONT, self._on_continue)
 
     def _on_stop(self, signum: int, frame: object) -> None:
         self.stop_requested = True  # only record: the loop acts on it
 
     def _on_retire(self, signum: int, frame: object) -> None:
         self.retire_requested = True
+
+    def _on_continue(self, signum: int, frame: object) -> None:
+        # Resumed after a stop (SIGSTOP, a debugger, a frozen container). Runs in the main
+        # thread between two bytecodes of the handler, or at once if it slept: when the lease
+        # may have lapsed, the step may be running elsewhere already, so not one more line of
+        # the handler runs. No logging here (its locks may be held by the code interrupted).
+        keeper = getattr(self, "keeper", None)  # None before it started: no lease held yet
+        if keeper is not None and keeper.lapsed():
+            os.write(2, b"cyclone worker: resumed past its lease; exiting\n")
+            os._exit(ExitCode.LEASE_LOST)
 
     def _on_signal_seen(self, signum: int) -> None:
         # In the keeper thread, maybe before the main thread's handler above has run (it runs
@@ -174,6 +189,7 @@ class Worker:
             log.warning("step %d: could not give its lease back: %s", lease.step_id, exc)
 
     def lease(self) -> Lease | None:
+        self.lease_sent = time.monotonic()
         try:
             return engine.lease_step(
                 self.db(), worker=self.name, workflows=self.workflows,
@@ -193,7 +209,7 @@ class Worker:
 
     def run_step(self, lease: Lease) -> Lease | None:
         """Run one step and record it; returns the next lease when the record took one."""
-        leased_at = time.monotonic()
+        leased_at = self.lease_sent
         self.report_lease(lease)
         set_title(worker_title(
             self.options.number, workflow=lease.workflow, node=lease.node, run_id=lease.run_id,
@@ -235,6 +251,7 @@ class Worker:
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
             kill_after=lease.kill_after, deadline_left=lease.deadline_left,
+            since=self.lease_sent,
         ))  # fmt: skip
 
     def record(
@@ -243,6 +260,7 @@ class Worker:
         if self.wants_next():
             try:
                 # One commit per step: the completion and the next lease travel together.
+                self.lease_sent = time.monotonic()
                 return runner.record_and_lease(
                     self.db(), lease, outcome, worker=self.name, workflows=self.workflows,
                     lease_ttl=self.options.lease_ttl,

@@ -58,3 +58,23 @@ def work(ctx: cyclone.StepContext) -> int:
 @busy.task(after=[work])
 def after(ctx: cyclone.StepContext) -> int:
     return ctx.results["work"] + 1
+
+
+ledger = cyclone.Workflow("proc-ledger")
+
+
+@ledger.task(max_attempts=50)
+def tick(ctx: cyclone.StepContext) -> int:
+    """Ignore ctx.done and write a line every 20 ms for input["seconds"]: each attempt's
+    interval, on the host's monotonic clock, for a test to check that no two overlap."""
+    fd = os.open(Path(ctx.input["dir"]) / "ledger.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        end = time.monotonic() + ctx.input["seconds"]
+        while True:
+            now = time.monotonic()
+            os.write(fd, f"{ctx.step_id} {ctx.attempt} {os.getpid()} {now:.6f}\n".encode())
+            if now >= end:
+                return ctx.attempt
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
