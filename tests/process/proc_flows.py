@@ -78,3 +78,19 @@ def tick(ctx: cyclone.StepContext) -> int:
             time.sleep(0.02)
     finally:
         os.close(fd)
+
+
+effects = cyclone.Workflow("proc-effects")
+
+
+@effects.task(max_attempts=50)
+def pay(ctx: cyclone.StepContext) -> int:
+    """Write one row through the fenced transaction, then ignore ctx.done for a while: freezes
+    and kills land between the write and its commit."""
+    with ctx.transaction() as conn:
+        conn.execute(
+            "INSERT INTO proc_effects (step_id, attempt, pid) VALUES (%s, %s, %s)",
+            (ctx.step_id, ctx.attempt, os.getpid()),
+        )
+    time.sleep(ctx.input["seconds"])
+    return ctx.attempt
