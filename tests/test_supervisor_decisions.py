@@ -395,6 +395,17 @@ def test_a_worker_whose_lease_is_not_renewed_is_sigkilled_a_heartbeat_before_it_
     assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
 
 
+def test_a_renewal_waiting_unread_in_the_pipe_spares_the_worker(h: Harness) -> None:
+    # The supervisor itself stalled (frozen, or a slow call) while its worker went on renewing.
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(9.0)
+    fd = h.arbiter.children[pid].fd
+    h.ops.pipes[fd].append(channel.encode(channel.Beat(step_id=7, since=h.clock() - 0.2)))
+    h.arbiter.tick()
+    assert h.arbiter.children[pid].kill is None and h.ops.signals_to(pid) == []
+
+
 def test_a_beat_of_another_step_renews_nothing(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
