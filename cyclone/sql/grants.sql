@@ -8,7 +8,7 @@
 GRANT USAGE, CREATE ON SCHEMA {schema} TO {migrator};
 -- Supervisors, workers, scanners and the CLI's writes (cancel, pause, retry): read and write
 -- the work, never DDL, never delete history (retention goes through cyclone_delete_finished,
--- migration 9). Presence rows are theirs to delete. Run them with `[database] migrate = false`.
+-- migration 9). Presence rows are theirs to delete.
 GRANT USAGE ON SCHEMA {schema} TO {runtime};
 GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_runs, {schema}.cyclone_steps,
       {schema}.cyclone_signals, {schema}.cyclone_graphs, {schema}.cyclone_workflows TO {runtime};

@@ -98,7 +98,8 @@ def test_the_printed_grants_let_each_role_do_its_job_and_nothing_more(
 
     # The runtime role runs the whole thing: supervisor, workers, scanner, a client.
     runtime = dep.dsn(dep.runtime)
-    sup = supervisor(workers=2, dsn=runtime)
+    # migrate = true, the default: with the schema current it runs no DDL.
+    sup = supervisor(workers=2, dsn=runtime, database__migrate="true")
     with Client(runtime) as client:
         run_ids = client.submit_many(busy, [{"dir": "/tmp", "n": n} for n in range(5)])
         wait_for(lambda: all(completed_as(client, r) for r in run_ids), 30, f"runs\n{sup.log()}")
