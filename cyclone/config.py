@@ -227,7 +227,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("supervisor", "workers", INT, 4, _ints(1),
             "Worker processes to fork; each runs one step at a time."),
     Setting("supervisor", "kill_grace", DURATION, 2.0, None,
-            "How long a worker gets to stop cooperatively before SIGKILL."),
+            "How long a worker gets to stop cooperatively before SIGKILL (a timeout, cancel, "
+            "deadline or shutdown; a worker whose lease may lapse gets none)."),
     Setting("supervisor", "shutdown_timeout", DURATION, 30.0, None,
             "On SIGTERM, how long running steps may finish before they are killed and released."),
     Setting("supervisor", "max_steps_per_worker", INT, 10000, _ints(0),
