@@ -24,10 +24,12 @@ pytestmark = pytest.mark.process
 
 # Short leases so that a freeze outlives one quickly: the lease is acted on for 1.5 s after
 # each renewal (lease_ttl - heartbeat_interval), and the scanner reclaims within 0.1 s of a
-# lapse.
+# lapse. A long kill_grace, as the chaos soak that found the overlap had: no kill of a worker
+# whose lease may lapse may wait for it (with a silent kill at lease_ttl after SIGTERM and a
+# grace, as before, this test saw overlaps).
 LEASES = {
     "worker__lease_ttl": '"2s"', "worker__heartbeat_interval": '"500ms"',
-    "scanner__interval": '"100ms"',
+    "scanner__interval": '"100ms"', "supervisor__kill_grace": '"1s"',
 }  # fmt: skip
 TTL = 2.0
 
@@ -75,42 +77,54 @@ def busy_workers(tmp: Path, workers: list[int], within: float = 0.1) -> list[int
 def test_workers_frozen_past_their_lease_never_overlap_the_attempt_that_replaced_them(
     env, supervisor, tmp_path
 ) -> None:
+    """Three runs in flight on five workers: a step taken from a frozen worker is picked up by
+    an idle one at once, as on a lightly loaded host (with a long queue, the reclaimed step
+    waits its turn and the frozen worker is long dead when it comes)."""
     from proc_flows import ledger
 
-    sup = supervisor(workers=3, **LEASES)
-    run_ids = env.client.submit_many(
-        ledger, [{"dir": str(tmp_path), "seconds": 0.8} for _ in range(30)]
-    )
+    sup = supervisor(workers=5, **LEASES)
     rng = random.Random(12)
+    run_ids: list[str] = []
     frozen: list[tuple[int, float]] = []
-    deadline = time.monotonic() + 20
+    timers: list[threading.Timer] = []
+    deadline = time.monotonic() + 25
     while len(frozen) < 10 and time.monotonic() < deadline:
-        targets = busy_workers(tmp_path, sup.workers())[:2]
-        if not targets:
+        timers = [t for t in timers if t.is_alive()]
+        if in_flight(env, run_ids) < 3:
+            run_ids.append(env.client.submit(ledger, {"dir": str(tmp_path), "seconds": 1.5}))
+        held = {pid for pid, _ in frozen[-2:]} if timers else set()
+        targets = [p for p in busy_workers(tmp_path, sup.workers()) if p not in held]
+        if len(timers) >= 2 or not targets:
             time.sleep(0.05)
             continue
-        timers = []
-        for pid in targets:
-            pause = TTL + rng.uniform(0.1, 2.0)
-            os.kill(pid, signal.SIGSTOP)
-            frozen.append((pid, pause))
-            timer = threading.Timer(pause, _resume, (pid,))
-            timer.start()
-            timers.append(timer)
-        for timer in timers:
-            timer.join()
-    assert len(frozen) >= 8, f"only {len(frozen)} freezes in 20 s"
+        pause = TTL + rng.uniform(0.1, 2.0)
+        os.kill(targets[0], signal.SIGSTOP)
+        frozen.append((targets[0], pause))
+        timers.append(threading.Timer(pause, _resume, (targets[0],)))
+        timers[-1].start()
+    for timer in timers:
+        timer.join()
+    assert len(frozen) >= 8, f"only {len(frozen)} freezes in 25 s"
     wait_for(lambda: all(completed(env, r) for r in run_ids), 60, "every run to complete")
     steps = read_ledger(tmp_path)
     assert overlaps(steps) == []
-    assert len(steps) == 30
     # The freezes cost attempts: a frozen worker was killed and its step ran again.
-    assert sum(len(attempts) > 1 for attempts in steps.values()) >= len(frozen) // 2
+    assert sum(len(attempts) - 1 for attempts in steps.values()) >= len(frozen) // 2
     # Frozen workers were killed as silent (SIGKILL at once, before their leases lapsed), or
     # for their reclaimed lease when the supervisor itself was held up (a loaded machine).
     kills = re.findall(r"killing worker \d \(pid \d+\) step \d+ .*: (silent|lease_expired)",
                        sup.log())  # fmt: skip
     assert len(kills) >= len(frozen) // 2 and kills.count("silent") >= len(kills) // 2
+
+
+def in_flight(env, run_ids: list[str]) -> int:
+    if not run_ids:
+        return 0
+    row = env.conn.execute(
+        "SELECT count(*) AS n FROM cyclone_runs WHERE id = ANY(%s::uuid[]) AND state = 'running'",
+        (run_ids,),
+    ).fetchone()
+    return row["n"]
 
 
 def _resume(pid: int) -> None:
