@@ -231,7 +231,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("supervisor", "workers", INT, 4, _ints(1),
             "Worker processes to fork; each runs one step at a time."),
     Setting("supervisor", "kill_grace", DURATION, 2.0, None,
-            "How long a worker gets to stop cooperatively before SIGKILL."),
+            "How long a worker gets to stop cooperatively before SIGKILL (a timeout, cancel, "
+            "deadline or shutdown; a worker whose lease may lapse gets none)."),
     Setting("supervisor", "shutdown_timeout", DURATION, 30.0, None,
             "On SIGTERM, how long running steps may finish before they are killed and released."),
     Setting("supervisor", "max_steps_per_worker", INT, 10000, _ints(0),
@@ -239,7 +240,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
             "A lease not renewed for this long expires, and the scanner reclaims its step."),
     Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,
-            "How often a busy worker renews its lease; must be less than half of lease_ttl."),
+            "How often a busy worker renews its lease; at most a third of lease_ttl. A worker "
+            "whose lease is not renewed is killed this long before the lease lapses."),
     Setting("worker", "poll_interval", DURATION, 1.0, POSITIVE,
             "How often an idle worker looks for work when no notification arrives."),
     Setting("scanner", "enabled", BOOL, True, None,
@@ -418,10 +420,13 @@ def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any
 
 
 def _check_together(origin: str, settings: Settings) -> None:
-    # One missed heartbeat must not cost the lease, or a slow renewal kills a healthy step.
-    beat, half = settings.worker.heartbeat_interval, settings.worker.lease_ttl / 2
-    if not beat < half:
-        limit = f"less than half of [worker] lease_ttl ({format_duration(half)})"
+    # A worker whose lease was not renewed is killed heartbeat_interval before the lease can
+    # lapse (cyclone.supervisor.children.lease_trust), so the lease is acted on for
+    # lease_ttl - heartbeat_interval. One missed heartbeat must not cost a healthy step that:
+    # two heartbeat intervals must fit in it.
+    beat, ttl = settings.worker.heartbeat_interval, settings.worker.lease_ttl
+    if not beat * 3 <= ttl:
+        limit = f"at most a third of [worker] lease_ttl ({format_duration(round(ttl / 3, 3))})"
         raise _fail(
             origin, f"[worker] heartbeat_interval: expected {limit}, got {format_duration(beat)}"
         )

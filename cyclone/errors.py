@@ -37,3 +37,11 @@ class PermanentError(CycloneError):
 
 class RunStuck(CycloneError):
     """A run can make no progress without outside help (a signal)."""
+
+
+class LeaseLost(CycloneError):
+    """This attempt no longer holds its step's lease: what it writes is void.
+
+    Raised by `ctx.transaction()` when the lease was already revoked or reclaimed; the
+    attempt's effects written through it are rolled back, never committed.
+    """

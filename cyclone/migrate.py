@@ -25,11 +25,11 @@ def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
     applied_now: list[int] = []
     conn.execute(QUERIES["migration_lock"])
     try:
+        done = _applied(conn) if _present(conn) else set()
+        if done >= {version for version, _, _ in migrations()}:
+            return applied_now  # no DDL at all: a role without DDL rights gets here too
         conn.execute(QUERIES["migration_table_create"])
-        done = {
-            row[0] if isinstance(row, tuple) else row["version"]
-            for row in conn.execute(QUERIES["migration_applied"]).fetchall()
-        }
+        done = _applied(conn)
         for version, name, sql in migrations():
             if version in done:
                 continue
@@ -43,6 +43,18 @@ def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
     finally:
         conn.execute(QUERIES["migration_unlock"])
     return applied_now
+
+
+def _present(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(QUERIES["migration_table_present"]).fetchone()
+    return bool(row[0] if isinstance(row, tuple) else row["present"])
+
+
+def _applied(conn: psycopg.Connection[Any]) -> set[int]:
+    return {
+        row[0] if isinstance(row, tuple) else row["version"]
+        for row in conn.execute(QUERIES["migration_applied"]).fetchall()
+    }
 
 
 def latest_version() -> int:

@@ -1,9 +1,10 @@
 """Running one leased step: the part of a worker that is the same in every process.
 
 `execute` runs user code (a handler, a map's items, a child's input) and never writes;
-`record` writes the outcome, fenced by the lease. The worker process runs `execute` in its
-main thread while its lease keeper (worker/keeper.py) renews the lease; the test harness calls
-both in-process.
+`record` writes the outcome, fenced by the lease; `record_effects` commits what the handler
+wrote through `ctx.transaction()` in the same transaction as the outcome. The worker process
+runs `execute` in its main thread while its lease keeper (worker/keeper.py) renews the lease;
+the test harness calls them in-process.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.context import CancelEvent, StepContext
+from cyclone.context import CancelEvent, Effects, StepContext
 from cyclone.db import encode_json
 from cyclone.engine import (
     complete_and_lease,
@@ -72,7 +73,12 @@ def load_results(conn: Conn, lease: Lease) -> dict[str, Any]:
     return results
 
 
-def make_context(conn: Conn, lease: Lease, done: threading.Event | None = None) -> StepContext:
+def make_context(
+    conn: Conn,
+    lease: Lease,
+    done: threading.Event | None = None,
+    effects: Effects | None = None,
+) -> StepContext:
     return StepContext(
         run_id=lease.run_id,
         step_id=lease.step_id,
@@ -85,14 +91,20 @@ def make_context(conn: Conn, lease: Lease, done: threading.Event | None = None) 
         deadline_left=lease.deadline_left,
         done=done or CancelEvent(),
         results=lambda: load_results(conn, lease),
+        effects=effects,
     )
 
 
 def execute(
-    conn: Conn, registry: Registry, lease: Lease, *, done: threading.Event | None = None
+    conn: Conn,
+    registry: Registry,
+    lease: Lease,
+    *,
+    done: threading.Event | None = None,
+    effects: Effects | None = None,
 ) -> Outcome:
     """Run the user code behind a leased step and check what it gave back."""
-    ctx = make_context(conn, lease, done)
+    ctx = make_context(conn, lease, done, effects)
     try:
         node = registry.node(lease.workflow, lease.node)
         if lease.is_fanout:
@@ -140,6 +152,31 @@ def record(conn: Conn, lease: Lease, outcome: Outcome, *, now: datetime | None =
         )
         return child is not None
     return complete_step(conn, lease, outcome.value, now=now, encoded=outcome.encoded)
+
+
+def record_effects(
+    effects: Effects, lease: Lease, outcome: Outcome, *, now: datetime | None = None
+) -> bool | None:
+    """Record the outcome with the attempt's fenced transaction, when a block began one.
+
+    None: no block did, record as usual. A success commits the effects and the completion
+    together, or neither when the lease was lost (False). A failure rolls the effects back and
+    returns None: the failure is recorded as usual. A psycopg.Error means the commit may not
+    have happened: the caller must record a failure (fenced) rather than the completion again
+    without its effects.
+    """
+    if not effects.pending:
+        return None
+    if not outcome.ok:
+        effects.discard()
+        return None
+    try:
+        written = record(effects.conn, lease, outcome, now=now)  # type: ignore[arg-type]
+        if written:
+            effects.commit()
+    finally:
+        effects.discard()  # after a commit, nothing left to discard
+    return written
 
 
 def record_and_lease(
@@ -201,4 +238,12 @@ def _describe(exc: BaseException) -> str:
     return f"{head}\n{tail}"
 
 
-__all__ = ["Outcome", "execute", "load_results", "make_context", "record", "record_and_lease"]
+__all__ = [
+    "Outcome",
+    "execute",
+    "load_results",
+    "make_context",
+    "record",
+    "record_and_lease",
+    "record_effects",
+]

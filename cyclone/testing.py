@@ -24,6 +24,7 @@ from psycopg.conninfo import make_conninfo
 
 from cyclone import engine, runner
 from cyclone.client import Client
+from cyclone.context import Effects
 from cyclone.db import connect
 from cyclone.embedded import ensure_test_server
 from cyclone.errors import RunStuck
@@ -56,6 +57,7 @@ class TestEnv:
             admin.execute(sql.SQL(QUERIES["schema_create"]).format(sql.Identifier(self.schema)))
         self._base = base
         self.dsn = make_conninfo(base, options=f"-c search_path={self.schema}")
+        self._effects_conn: psycopg.Connection[Any] | None = None
         try:
             self.conn = connect(self.dsn)
             migrate(self.conn)
@@ -88,6 +90,8 @@ class TestEnv:
     def close(self) -> None:
         self.client.close()
         self.conn.close()
+        if self._effects_conn is not None:
+            self._effects_conn.close()
         self._drop_schema()
 
     def _drop_schema(self) -> None:
@@ -128,9 +132,18 @@ class TestEnv:
         )
         if lease is None:
             return False
-        outcome = runner.execute(self.conn, self.registry, lease)
-        runner.record(self.conn, lease, outcome, now=self.now())
+        effects = Effects(self._effects_session, lease.step_id, lease.token)
+        outcome = runner.execute(self.conn, self.registry, lease, effects=effects)
+        if runner.record_effects(effects, lease, outcome, now=self.now()) is None:
+            runner.record(self.conn, lease, outcome, now=self.now())
         return True
+
+    def _effects_session(self) -> psycopg.Connection[Any]:
+        """The second session ctx.transaction() writes through, as a worker has."""
+        if self._effects_conn is None or self._effects_conn.closed:
+            self._effects_conn = connect(self.dsn, "cyclone-effects")
+            self._effects_conn.autocommit = False
+        return self._effects_conn
 
     def scan(self) -> int:
         """One pass of every scanner sweep; returns how many rows changed."""

@@ -47,7 +47,9 @@ def test_python_enums_match_the_sql_checks(env: TestEnv, table, column, enum):
 def test_migrating_twice_applies_nothing_the_second_time(env: TestEnv):
     assert migrate(env.conn) == []
     versions = [r["version"] for r in env.conn.execute("SELECT version FROM cyclone_migrations")]
-    assert versions == list(range(1, latest_version() + 1))
+    # Gaps in the numbering are fine (numbers are handed out ahead of parallel work).
+    assert versions == [v for v, _, _ in migrations()]
+    assert versions[-1] == latest_version()
 
 
 def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
@@ -59,7 +61,7 @@ def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(len(r) for r in results) == [0, 0, 0, latest_version()]
+    assert sorted(len(r) for r in results) == [0, 0, 0, len(migrations())]
 
 
 def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
@@ -72,7 +74,7 @@ def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
             conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
         with cyclone.Client(scratch_dsn) as client:
             run_id = client.submit(wf, {"kept": True})
-            assert migrate(conn) == list(range(3, latest_version() + 1))
+            assert migrate(conn) == [v for v, _, _ in migrations() if v >= 3]
             assert client.get_run(run_id).state == RunState.RUNNING
             assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
         with pytest.raises(psycopg.errors.CheckViolation) as caught:

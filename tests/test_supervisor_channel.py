@@ -27,6 +27,7 @@ LEASED = channel.Leased(
         channel.Ready(),
         LEASED,
         channel.Beat(),
+        channel.Beat(step_id=7, since=81234.5),
         channel.Done(step_id=7, outcome="completed", duration=0.25),
         channel.Idle(),
     ],
@@ -49,7 +50,8 @@ ints = st.integers(0, 2**63 - 1)
 
 @given(
     st.builds(channel.Leased, step_id=ints, token=texts, run_id=texts, workflow=texts,
-              node=texts, attempt=ints, kill_after=numbers, deadline_left=numbers)
+              node=texts, attempt=ints, kill_after=numbers, deadline_left=numbers,
+              since=numbers)
     | st.builds(channel.Done, step_id=ints, outcome=texts, duration=numbers,
                 error=st.none() | texts, retry=st.none() | st.booleans())
 )  # fmt: skip
@@ -60,7 +62,11 @@ def test_the_per_step_messages_encode_as_the_generic_json_would(message) -> None
 
 
 def test_a_bare_verb_has_no_payload() -> None:
-    assert channel.encode(channel.Beat()) == b"beat\n"
+    assert channel.encode(channel.Idle()) == b"idle\n"
+
+
+def test_a_bare_beat_from_an_older_worker_still_decodes() -> None:
+    assert channel.decode(b"beat") == channel.Beat()
 
 
 @pytest.mark.parametrize("line", [b"hello", b"leased {not json", b'done {"step_id": 1}', b""])

@@ -113,7 +113,7 @@ class FakeFactory:
 
 CONFIG = ArbiterConfig(
     workers=2, kill_grace=0.5, shutdown_timeout=5.0, lease_ttl=10.0, poll_interval=1.0,
-    scanner=True,
+    scanner=True, heartbeat_interval=2.0,
 )  # fmt: skip
 
 
@@ -145,10 +145,10 @@ class Harness:
         self.send(pid, channel.Ready())
 
     def lease(self, pid: int, step_id: int = 7, kill_after: float | None = 2.0,
-              deadline_left: float | None = None) -> None:  # fmt: skip
+              deadline_left: float | None = None, since: float | None = None) -> None:  # fmt: skip
         self.send(pid, channel.Leased(
             step_id=step_id, token=f"tok-{step_id}", run_id="r1", workflow="wf", node="n",
-            attempt=1, kill_after=kill_after, deadline_left=deadline_left,
+            attempt=1, kill_after=kill_after, deadline_left=deadline_left, since=since,
         ))  # fmt: skip
 
     def exit(self, pid: int, status: ExitStatus) -> None:
@@ -375,17 +375,75 @@ def test_a_timeout_shorter_than_the_deadline_is_a_timeout(h: Harness) -> None:
     assert h.arbiter.children[pid].kill.reason is KillReason.TIMEOUT
 
 
-def test_a_busy_worker_silent_for_a_whole_lease_is_killed(h: Harness) -> None:
+def test_a_worker_whose_lease_is_not_renewed_is_sigkilled_a_heartbeat_before_it_lapses(
+    h: Harness,
+) -> None:
+    # lease_ttl 10 s, heartbeat 2 s: the lease is acted on for 8 s after its last renewal.
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(5.0)
+    h.send(pid, channel.Beat(step_id=7, since=h.clock() - 0.5))  # sent 0.5 s before it arrived
+    h.clock.advance(7.4)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    assert h.arbiter.next_wakeup() == pytest.approx(h.clock() + 0.1)
+    h.clock.advance(0.1)
+    h.arbiter.tick()
+    kill = h.arbiter.children[pid].kill
+    assert kill is not None and kill.reason is KillReason.SILENT
+    # No SIGTERM first: the step may go to another worker, so the kill is at once.
+    assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
+
+
+def test_a_renewal_waiting_unread_in_the_pipe_spares_the_worker(h: Harness) -> None:
+    # The supervisor itself stalled (frozen, or a slow call) while its worker went on renewing.
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
     h.clock.advance(9.0)
-    h.send(pid, channel.Beat())
-    h.clock.advance(9.0)
+    fd = h.arbiter.children[pid].fd
+    h.ops.pipes[fd].append(channel.encode(channel.Beat(step_id=7, since=h.clock() - 0.2)))
     h.arbiter.tick()
-    assert h.ops.signals_to(pid) == []
-    h.clock.advance(1.1)
+    assert h.arbiter.children[pid].kill is None and h.ops.signals_to(pid) == []
+
+
+def test_a_beat_of_another_step_renews_nothing(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(5.0)
+    h.send(pid, channel.Beat(step_id=8, since=h.clock()))
+    h.clock.advance(3.0)
     h.arbiter.tick()
     assert h.arbiter.children[pid].kill.reason is KillReason.SILENT
+
+
+def test_a_lease_runs_from_when_its_statement_was_sent_not_from_when_its_line_arrived(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.clock.advance(3.0)
+    h.lease(pid, kill_after=None, since=h.clock() - 3.0)  # the loop was busy for 3 s
+    h.clock.advance(5.0)
+    h.arbiter.tick()
+    assert h.arbiter.children[pid].kill.reason is KillReason.SILENT
+
+
+def test_a_late_worker_holds_the_loops_own_database_calls_off(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(2.9)
+    assert h.arbiter.next_kill_at() is None  # renewed within 1.5 heartbeats: on time
+    h.clock.advance(0.2)
+    assert h.arbiter.next_kill_at() == pytest.approx(8.0 + h.clock() - 3.1)
+
+
+def test_a_reclaimed_lease_is_killed_without_grace(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations[7] = "lease_expired"
+    h.arbiter.notified = True
+    h.arbiter.tick()
+    assert h.arbiter.children[pid].kill.reason is KillReason.LEASE_EXPIRED
+    assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
 
 
 def test_boot_failures_back_off_exponentially_then_halt(h: Harness) -> None:

@@ -214,3 +214,21 @@ def test_a_worker_whose_supervisor_is_gone_leaves(env, forked) -> None:
     worker.fd = os.open(os.devnull, os.O_RDONLY)  # so close() has something to close
     env.client.submit(pair, {})
     assert worker.wait_exit() == ExitStatus(code=ExitCode.ORPHANED)
+
+
+def test_worker_sessions_end_a_transaction_left_idle_for_a_lease(env) -> None:
+    # A transaction left open (by a worker frozen mid-step, say) holds its locks for a lease
+    # at most: PostgreSQL ends the session and rolls it back.
+    options = WorkerOptions(
+        number=1, dsn=env.dsn, lease_ttl=2.5, heartbeat_interval=0.5, poll_interval=0.05,
+        max_steps=0,
+    )  # fmt: skip
+    worker = Worker(options, Registry([pair]), parent=os.getpid())
+    for conn in (worker.db(), worker.effects_db()):
+        try:
+            row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+            assert row["idle_in_transaction_session_timeout"] == "2500ms"
+            conn.rollback()
+        finally:
+            conn.close()
+    assert worker.effects_conn is not None and not worker.effects_conn.autocommit

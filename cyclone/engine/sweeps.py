@@ -118,11 +118,11 @@ def sweep_retention(
 ) -> int:
     """Delete finished top-level runs older than `retention` seconds; returns how many."""
     with conn.transaction():
-        cur = conn.execute(
+        row = conn.execute(
             QUERIES["run_delete_finished"],
             {"retention": retention, "batch_size": batch_size, "now": now},
-        )
-        return cur.rowcount
+        ).fetchone()
+        return int(row["deleted"])
 
 
 SWEEPS = (sweep_deadlines, sweep_expired_leases, sweep_max_wait, sweep_sleeps)

@@ -12,6 +12,11 @@ CREATE TABLE IF NOT EXISTS cyclone_migrations (
     applied_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- name: migration_table_present
+-- Whether the migrations table exists: a role without DDL rights (the runtime role) can then
+-- find the schema current without trying to create it.
+SELECT to_regclass('cyclone_migrations') IS NOT NULL AS present;
+
 -- name: migration_applied
 SELECT version FROM cyclone_migrations ORDER BY version;
 

@@ -105,23 +105,10 @@ UPDATE cyclone_steps s
 RETURNING s.id, s.run_id, s.node;
 
 -- name: run_delete_finished
--- Retention: finished top-level runs older than the retention go, with their child runs and
--- signals (ON DELETE CASCADE) and the steps of all of them (deleted here: steps carry no
--- foreign key, see migration 3). Its row count is the number of top-level runs deleted.
-WITH RECURSIVE doomed AS (
-    SELECT id FROM (SELECT id FROM cyclone_runs
-                     WHERE finished_at < coalesce(%(now)s::timestamptz, now())
-                                         - make_interval(secs => %(retention)s)
-                       AND parent_run_id IS NULL
-                     ORDER BY finished_at
-                     LIMIT %(batch_size)s) AS top
-    UNION ALL
-    SELECT r.id FROM cyclone_runs r JOIN doomed d ON r.parent_run_id = d.id
-), steps AS (
-    DELETE FROM cyclone_steps WHERE run_id IN (SELECT id FROM doomed)
-)
-DELETE FROM cyclone_runs
- WHERE id IN (SELECT id FROM doomed) AND parent_run_id IS NULL;
+-- Retention: finished top-level runs older than the retention go, with their child runs,
+-- signals and steps. The function (migration 9) runs with the migrating role's rights, so the
+-- runtime role deletes history only this way. Returns the number of top-level runs deleted.
+SELECT cyclone_delete_finished(%(retention)s, %(batch_size)s, %(now)s::timestamptz) AS deleted;
 
 -- name: next_time_gate
 -- The earliest moment something becomes due (for the test harness's clock).

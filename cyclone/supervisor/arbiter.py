@@ -9,6 +9,9 @@ a fake process layer and a fake clock.
 Killing a worker is two-staged: SIGTERM asks it to stop cooperatively (its handler sees
 `ctx.done`), and `kill_grace` later the whole process group gets SIGKILL, grandchildren
 included. The step's outcome is written, fenced by the lease token, once the process is dead.
+Two kills get no grace, because another worker may run the step next: a worker whose lease
+was not renewed in time (SIGKILL a heartbeat interval before the lease can lapse in the
+database: see `lease_trust`), and one whose lease the scanner already reclaimed.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from cyclone.supervisor.children import (
     Role,
     WorkerHandle,
     held_lease,
+    lease_trust,
+    renewal_time,
 )
 from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
 from cyclone.supervisor.ports import (
@@ -70,6 +75,11 @@ REVOKE_REASONS = {
     "deadline": KillReason.DEADLINE,
     "lease_expired": KillReason.LEASE_EXPIRED,
 }
+# Kills that cannot wait for a cooperative stop: the step may be (or soon be) someone else's.
+NO_GRACE = (KillReason.SILENT, KillReason.LEASE_EXPIRED)
+# A busy worker whose last renewal is older than this many heartbeat intervals is late: its
+# silent kill then counts among the kills the loop's own database calls must not hold up.
+LATE_BEATS = 1.5
 
 
 class Arbiter:
@@ -186,6 +196,7 @@ class Arbiter:
         kill_at = self.next_kill_at()
         if kill_at is not None:
             times.append(kill_at)
+        times += [self.silent_at(h.lease) for h in self.busy() if h.kill is None and h.lease]
         if any(h.kill is None and h.lease is not None for h in self.children.values()):
             times.append(self.next_poll)  # a busy worker's lease may be revoked
         if not self.draining and self.missing() > 0:
@@ -196,10 +207,13 @@ class Arbiter:
         """The earliest moment a kill may be due, on the arbiter's clock; None: none is.
 
         The loop's own database calls (presence) run only when this is far enough away, so
-        that they can never hold a kill up. A silent worker's kill is left out: it is a
-        backstop on the scale of a whole lease, and a busy worker is always close to it.
+        that they can never hold a kill up. A silent worker's kill counts once its renewal is
+        late: a busy worker that heartbeats on time is never near it, and counting it always
+        would hold those calls off for good under a short lease_ttl.
         """
         times: list[float] = []
+        now = self.clock()
+        late = LATE_BEATS * self.config.heartbeat_interval
         for handle in self.children.values():
             if handle.kill is not None:
                 # Killed: only the SIGKILL is still to come; then we wait for SIGCHLD.
@@ -207,6 +221,8 @@ class Arbiter:
                     times.append(handle.kill.hard_at)
             elif handle.lease is not None:
                 times += [t for t in (handle.lease.timeout_at, handle.lease.deadline_at) if t]
+                if now - self.renewed_at(handle.lease) > late:
+                    times.append(self.silent_at(handle.lease))
         if self.drain_deadline is not None:
             times.append(self.drain_deadline)
         return min(times, default=None)
@@ -245,6 +261,10 @@ class Arbiter:
                 log_outcome(handle.lease, message)
                 handle.lease = None
             handle.steps += 1
+        elif isinstance(message, channel.Beat):
+            lease = handle.lease
+            if lease is not None and message.step_id in (None, lease.step_id):
+                lease.renewed_at = max(self.renewed_at(lease), renewal_time(message.since, now))
         elif isinstance(message, channel.Idle):
             handle.lease = None
         elif isinstance(message, channel.Scanned):
@@ -389,13 +409,29 @@ class Arbiter:
                 self.order_kill(handle, KillReason.TIMEOUT, ErrorKind.TIMEOUT, error)
             elif lease is not None and lease.deadline_at is not None and now >= lease.deadline_at:
                 self.deadline_passed(handle, lease)
-            elif lease is not None and now - handle.last_seen > self.config.lease_ttl:
+            elif lease is not None and now >= self.silent_at(lease) and self.still_silent(handle):
                 error = "worker stopped heartbeating"
                 self.order_kill(handle, KillReason.SILENT, ErrorKind.CRASHED, error)
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.drain_deadline = None
             log.warning("shutdown_timeout passed: killing", extra={"action": "kill_all"})
             self.kill_all(KillReason.SHUTDOWN)
+
+    @staticmethod
+    def renewed_at(lease: HeldLease) -> float:
+        return lease.leased_at if lease.renewed_at is None else lease.renewed_at
+
+    def still_silent(self, handle: WorkerHandle) -> bool:
+        """Read what the worker sent before killing it for silence: after a stall of our own
+        (a resumed freeze) a renewal may be waiting in its pipe."""
+        lease = handle.lease
+        self.read_channel(handle)
+        return handle.lease is lease and lease is not None and self.clock() >= self.silent_at(lease)
+
+    def silent_at(self, lease: HeldLease) -> float:
+        """When a lease not renewed since is killed for: before it can lapse in the database."""
+        trust = lease_trust(self.config.lease_ttl, self.config.heartbeat_interval)
+        return self.renewed_at(lease) + trust
 
     def deadline_passed(self, handle: WorkerHandle, lease: HeldLease) -> None:
         # The run may have been paused and resumed since the lease (which moves its deadline),
@@ -422,6 +458,8 @@ class Arbiter:
     ) -> None:
         now = self.clock()
         grace = self.config.kill_grace if grace is None else grace
+        if reason in NO_GRACE:
+            grace = 0.0
         lease = handle.lease
         handle.kill = KillOrder(
             reason=reason, ordered_at=now, hard_at=now + grace, record=record, error=error,

@@ -4,8 +4,9 @@ A line is a verb, optionally followed by a space and a JSON object:
 
     ready
     leased {"step_id": 7, "token": "...", "run_id": "...", "workflow": "fulfill-order",
-            "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2}
-    beat
+            "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2,
+            "since": 81234.5}
+    beat {"step_id": 7, "since": 81239.5}
     done {"step_id": 7, "outcome": "failed", "duration": 0.012, "error": "ConnectionError: ...",
           "retry": true}
     idle
@@ -13,8 +14,9 @@ A line is a verb, optionally followed by a space and a JSON object:
 
 Times are durations read from the database clock (`kill_after`, `deadline_left`, seconds from
 the lease), which the supervisor adds to its own monotonic clock: wall clocks of different hosts
-and the database are never compared. Lines are shorter than PIPE_BUF, so each write is atomic
-and lines from one worker never interleave.
+and the database are never compared. `since` is a time on the host's monotonic clock, which a
+worker shares with its supervisor (CLOCK_MONOTONIC is one clock for the whole host). Lines are
+shorter than PIPE_BUF, so each write is atomic and lines from one worker never interleave.
 """
 
 from __future__ import annotations
@@ -75,11 +77,18 @@ class Leased:
     # left), and the run's time left alone; None: unbounded.
     kill_after: float | None
     deadline_left: float | None
+    # When the statement that took the lease was sent, on the host's monotonic clock (which
+    # worker and supervisor share): the database's lease runs from no earlier than this.
+    since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Beat:
+    """The lease of `step_id` was renewed by a statement sent at `since` (monotonic clock)."""
+
     verb: ClassVar[str] = "beat"
+    step_id: int | None = None
+    since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +198,8 @@ def _encode_leased(m: Leased) -> str:
     return (
         f'leased {{"step_id":{m.step_id},"token":{_str(m.token)},"run_id":{_str(m.run_id)},'
         f'"workflow":{_str(m.workflow)},"node":{_str(m.node)},"attempt":{m.attempt},'
-        f'"kill_after":{_num(m.kill_after)},"deadline_left":{_num(m.deadline_left)}}}\n'
+        f'"kill_after":{_num(m.kill_after)},"deadline_left":{_num(m.deadline_left)},'
+        f'"since":{_num(m.since)}}}\n'
     )
 
 

@@ -52,7 +52,7 @@ class KillReason(enum.StrEnum):
     CANCEL = "cancel"
     DEADLINE = "deadline"
     SHUTDOWN = "shutdown"
-    SILENT = "silent"  # busy but no heartbeat for a whole lease: stuck beyond cooperation
+    SILENT = "silent"  # busy but its lease not renewed in time: it may lapse; SIGKILL at once
     LEASE_EXPIRED = "lease_expired"  # a scanner reclaimed the lease: someone else runs it now
 
 
@@ -100,6 +100,9 @@ class HeldLease:
     leased_at: float
     timeout_at: float | None  # the attempt's own timeout, when it comes before the deadline
     deadline_at: float | None  # the run's deadline
+    # When the statement that took or last renewed the lease was sent: the database's lease
+    # runs lease_ttl from no earlier than this (None: as the `leased` line arrived).
+    renewed_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -147,6 +150,14 @@ class WorkerHandle:
         return f"worker {self.number} (pid {self.pid})"
 
 
+def lease_trust(lease_ttl: float, heartbeat_interval: float) -> float:
+    """How long after its statement was sent a lease is acted on: a heartbeat interval less
+    than it lasts in the database. Past that, the worker kills itself and its supervisor
+    SIGKILLs it, both before the lease can lapse and be handed to another worker. Config
+    validation keeps it at least two heartbeats, so one missed renewal costs nothing."""
+    return lease_ttl - heartbeat_interval
+
+
 # The supervisor's clock and the database's agree only to a few milliseconds; a deadline kill
 # waits this much longer so the database agrees that the deadline has passed.
 DEADLINE_MARGIN = 0.05
@@ -166,7 +177,14 @@ def held_lease(message: channel.Leased, now: float) -> HeldLease:
         step_id=message.step_id, token=message.token, run_id=message.run_id,
         workflow=message.workflow, node=message.node, attempt=message.attempt,
         leased_at=now, timeout_at=timeout_at, deadline_at=deadline_at,
+        renewed_at=renewal_time(message.since, now),
     )  # fmt: skip
+
+
+def renewal_time(since: float | None, now: float) -> float:
+    """When a lease's statement was sent, from a message's `since`; never later than `now`
+    (a message from a worker cannot come from the future: a fake clock's would)."""
+    return now if since is None else min(since, now)
 
 
 ChildMain = Callable[[int], int]

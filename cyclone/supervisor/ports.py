@@ -25,6 +25,7 @@ class ArbiterConfig:
     lease_ttl: float
     poll_interval: float
     scanner: bool
+    heartbeat_interval: float = 0.0  # a silent worker dies this long before its lease lapses
 
 
 class Store(Protocol):

@@ -64,6 +64,7 @@ def arbiter_config(settings: Settings) -> ArbiterConfig:
         lease_ttl=settings.worker.lease_ttl,
         poll_interval=settings.worker.poll_interval,
         scanner=settings.scanner.enabled,
+        heartbeat_interval=settings.worker.heartbeat_interval,
     )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 
 from cyclone import engine, runner
-from cyclone.context import CancelEvent
-from cyclone.db import connect
+from cyclone.context import CancelEvent, Effects
+from cyclone.db import connect, with_options
 from cyclone.engine.steps import Lease
 from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
@@ -56,7 +56,11 @@ class Worker:
         self.steps = 0
         self.idle_reported = False
         self.conn: psycopg.Connection[Any] | None = None
+        self.effects_conn: psycopg.Connection[Any] | None = None  # ctx.transaction()'s
         self.unsent: channel.Done | None = None  # sent with the next lease's line
+        # When the statement that took the lease in hand was sent (monotonic): its term in the
+        # database starts no earlier.
+        self.lease_sent = 0.0
         self.name = ""
         self.workflows = tuple(registry)  # the names this worker leases for, on every lease
         # Set by the keeper when a signal arrives: wakes the idle main thread.
@@ -104,12 +108,24 @@ class Worker:
             signal.signal(signal.SIGTERM, self._on_stop)
         if _signal.getsignal(signal.SIGUSR1) != self._on_retire:
             signal.signal(signal.SIGUSR1, self._on_retire)
+        if _signal.getsignal(signal.SIGCONT) != self._on_continue:
+            signal.signal(signal.SIGCONT, self._on_continue)
 
     def _on_stop(self, signum: int, frame: object) -> None:
         self.stop_requested = True  # only record: the loop acts on it
 
     def _on_retire(self, signum: int, frame: object) -> None:
         self.retire_requested = True
+
+    def _on_continue(self, signum: int, frame: object) -> None:
+        # Resumed after a stop (SIGSTOP, a debugger, a frozen container). Runs in the main
+        # thread between two bytecodes of the handler, or at once if it slept: when the lease
+        # may have lapsed, the step may be running elsewhere already, so not one more line of
+        # the handler runs. No logging here (its locks may be held by the code interrupted).
+        keeper = getattr(self, "keeper", None)  # None before it started: no lease held yet
+        if keeper is not None and keeper.lapsed():
+            os.write(2, b"cyclone worker: resumed past its lease; exiting\n")
+            os._exit(ExitCode.LEASE_LOST)
 
     def _on_signal_seen(self, signum: int) -> None:
         # In the keeper thread, maybe before the main thread's handler above has run (it runs
@@ -120,10 +136,13 @@ class Worker:
             self.retire_requested = True
         self.nudge.set()
 
-    def connect(self) -> psycopg.Connection[Any]:
+    def connect(self, name: str = "cyclone-worker") -> psycopg.Connection[Any]:
         keepalive = max(int(self.options.heartbeat_interval), 1)
+        # A transaction left open (a handler's, by a worker frozen mid-step) holds its locks
+        # no longer than a lease: its session is ended and the transaction rolled back.
+        idle = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
         return connect(
-            self.options.dsn, f"cyclone-worker-{self.options.number}",
+            with_options(self.options.dsn, idle), f"{name}-{self.options.number}",
             connect_timeout=CONNECT_TIMEOUT, keepalives=1,
             keepalives_idle=keepalive, keepalives_interval=keepalive, keepalives_count=3,
             tcp_user_timeout=int(self.options.lease_ttl * 1000 / 2),
@@ -174,6 +193,7 @@ class Worker:
             log.warning("step %d: could not give its lease back: %s", lease.step_id, exc)
 
     def lease(self) -> Lease | None:
+        self.lease_sent = time.monotonic()
         try:
             return engine.lease_step(
                 self.db(), worker=self.name, workflows=self.workflows,
@@ -189,20 +209,29 @@ class Worker:
             self.conn = self.connect()
         return self.conn
 
+    def effects_db(self) -> psycopg.Connection[Any]:
+        """The session handlers' fenced transactions run on, opened on first use."""
+        conn = self.effects_conn
+        if conn is None or conn.closed or conn.broken:
+            conn = self.effects_conn = self.connect("cyclone-effects")
+            conn.autocommit = False
+        return conn
+
     # --- one step -----------------------------------------------------------------------------
 
     def run_step(self, lease: Lease) -> Lease | None:
         """Run one step and record it; returns the next lease when the record took one."""
-        leased_at = time.monotonic()
+        leased_at = self.lease_sent
         self.report_lease(lease)
         set_title(worker_title(
             self.options.number, workflow=lease.workflow, node=lease.node, run_id=lease.run_id,
             attempt=lease.attempt,
         ))  # fmt: skip
         done = CancelEvent()
+        effects = Effects(self.effects_db, lease.step_id, lease.token)
         self.keeper.hold(lease, done, leased_at)
         try:
-            outcome = runner.execute(self.db(), self.registry, lease, done=done)
+            outcome = runner.execute(self.db(), self.registry, lease, done=done, effects=effects)
         finally:
             renewed_at = self.keeper.release()
             self.wakeup.reclaim()
@@ -210,7 +239,10 @@ class Worker:
         if self.stop_requested:
             # The supervisor stopped this attempt and writes its outcome once we are gone.
             raise ChildExit(ExitCode.STOPPED)
-        written, nxt = self.record(lease, outcome, renewed_at)
+        outcome, written = self.settle(lease, outcome, effects)
+        nxt = None
+        if written is None:
+            written, nxt = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         duration = time.monotonic() - leased_at
         report = channel.Done(
@@ -235,6 +267,7 @@ class Worker:
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
             kill_after=lease.kill_after, deadline_left=lease.deadline_left,
+            since=self.lease_sent,
         ))  # fmt: skip
 
     def record(
@@ -243,6 +276,7 @@ class Worker:
         if self.wants_next():
             try:
                 # One commit per step: the completion and the next lease travel together.
+                self.lease_sent = time.monotonic()
                 return runner.record_and_lease(
                     self.db(), lease, outcome, worker=self.name, workflows=self.workflows,
                     lease_ttl=self.options.lease_ttl,
@@ -259,6 +293,18 @@ class Worker:
                 # A nudge left set by a signal would make this wait return at once, every time.
                 self.nudge.clear()
                 self.nudge.wait(min(1.0, self.options.heartbeat_interval))
+
+    def settle(
+        self, lease: Lease, outcome: runner.Outcome, effects: Effects
+    ) -> tuple[runner.Outcome, bool | None]:
+        """Commit what the handler wrote through ctx.transaction() with its completion."""
+        try:
+            return outcome, runner.record_effects(effects, lease, outcome)
+        except psycopg.Error as exc:
+            # Maybe committed, maybe not: a fenced failure is right either way (it changes
+            # nothing when the completion went through), a completion without effects is not.
+            log.warning("step %d: its transaction did not commit: %s", lease.step_id, exc)
+            return runner.Outcome.failed(f"the step's transaction did not commit: {exc}"), None
 
     def check_trust(self, lease: Lease, renewed_at: float, exc: Exception) -> None:
         ttl, beat = self.options.lease_ttl, self.options.heartbeat_interval

@@ -64,3 +64,39 @@ def after(ctx: cyclone.StepContext) -> int:
 # at once (the scanner fails them and dead-letters their waiting steps).
 parked = cyclone.Workflow("proc-parked")
 parked.wait("approval")
+
+
+ledger = cyclone.Workflow("proc-ledger")
+
+
+@ledger.task(max_attempts=50)
+def tick(ctx: cyclone.StepContext) -> int:
+    """Ignore ctx.done and write a line every 20 ms for input["seconds"]: each attempt's
+    interval, on the host's monotonic clock, for a test to check that no two overlap."""
+    fd = os.open(Path(ctx.input["dir"]) / "ledger.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        end = time.monotonic() + ctx.input["seconds"]
+        while True:
+            now = time.monotonic()
+            os.write(fd, f"{ctx.step_id} {ctx.attempt} {os.getpid()} {now:.6f}\n".encode())
+            if now >= end:
+                return ctx.attempt
+            time.sleep(0.02)
+    finally:
+        os.close(fd)
+
+
+effects = cyclone.Workflow("proc-effects")
+
+
+@effects.task(max_attempts=50)
+def pay(ctx: cyclone.StepContext) -> int:
+    """Write one row through the fenced transaction, then ignore ctx.done for a while: freezes
+    and kills land between the write and its commit."""
+    with ctx.transaction() as conn:
+        conn.execute(
+            "INSERT INTO proc_effects (step_id, attempt, pid) VALUES (%s, %s, %s)",
+            (ctx.step_id, ctx.attempt, os.getpid()),
+        )
+    time.sleep(ctx.input["seconds"])
+    return ctx.attempt

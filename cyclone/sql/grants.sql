@@ -1,0 +1,30 @@
+-- The roles of a real deployment (`cyclone migrate --print-grants`). {schema}, {migrator},
+-- {runtime} and {readonly} are identifiers, filled in by psycopg.sql.
+
+-- name: grants_print
+-- Run as the schema's owner or a superuser, once `cyclone migrate` ran as the migrating
+-- role (which then owns every Cyclone object), and again after an upgrade that adds tables.
+-- The migrating role: DDL. Only `cyclone migrate` runs as it.
+GRANT USAGE, CREATE ON SCHEMA {schema} TO {migrator};
+-- Supervisors, workers, scanners and the CLI's writes (cancel, pause, retry): read and write
+-- the work, never DDL, never delete history (retention goes through cyclone_delete_finished,
+-- migration 9). Presence rows are theirs to delete.
+GRANT USAGE ON SCHEMA {schema} TO {runtime};
+GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_runs, {schema}.cyclone_steps,
+      {schema}.cyclone_signals, {schema}.cyclone_graphs, {schema}.cyclone_workflows TO {runtime};
+GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_supervisors, {schema}.cyclone_workers
+      TO {runtime};
+GRANT SELECT ON {schema}.cyclone_migrations, {schema}.cyclone_v_runs, {schema}.cyclone_v_steps
+      TO {runtime};
+GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {runtime};
+GRANT EXECUTE ON FUNCTION {schema}.cyclone_delete_finished(float8, integer, timestamptz)
+      TO {runtime};
+-- Listings, `cyclone status`, metrics: read only, tables added later included.
+GRANT USAGE ON SCHEMA {schema} TO {readonly};
+GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {readonly};
+ALTER DEFAULT PRIVILEGES FOR ROLE {migrator} IN SCHEMA {schema} GRANT SELECT ON TABLES
+      TO {readonly};
+
+-- name: schema_current
+-- The schema a session's unqualified names go to: the one the GRANTs are printed for.
+SELECT current_schema() AS schema;
