@@ -71,7 +71,7 @@ def status(session: Session, args: argparse.Namespace) -> int:
         return OK
     out = console()
     if args.once or not sys.stdout.isatty():
-        out.print(render(snap))
+        out.print(render(snap, width=out.width))
         return OK
     return _live(session, out, snap, max(args.interval, MIN_INTERVAL))
 
@@ -82,7 +82,9 @@ def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
     from cyclone.status.render import render
 
     try:
-        with Live(render(snap), console=out, auto_refresh=False, screen=False) as live:
+        # One line short of the screen: a full screen would scroll the top line away.
+        size = {"width": out.width, "height": out.height - 1}
+        with Live(render(snap, **size), console=out, auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(interval)
                 problem = None
@@ -95,7 +97,8 @@ def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
                 except psycopg.OperationalError as exc:
                     session.close()
                     problem = f"database error, retrying: {redact(session.dsn, str(exc))}"
-                live.update(render(snap, problem=problem), refresh=True)
+                size = {"width": out.width, "height": out.height - 1}  # it may be resized
+                live.update(render(snap, problem=problem, **size), refresh=True)
     except KeyboardInterrupt:
         return OK
 
