@@ -154,15 +154,9 @@ def _workers(snap: Snapshot, room: int | None) -> list[Text]:
     if room is None or len(lines) <= room:
         return lines
     cut = kinds[room - 1 :]
-    more = [
-        f"{n} {what}(s)"
-        for what, n in (
-            ("busy worker", cut.count("worker")),
-            ("supervisor", cut.count("supervisor")),
-        )
-        if n
-    ]
-    return [*lines[: room - 1], Text(f"  and {' and '.join(more)} more: cyclone workers lists all")]
+    counts = (("busy worker", cut.count("worker")), ("supervisor", cut.count("supervisor")))
+    more = " and ".join(f"{n} more {what}(s)" for what, n in counts if n)
+    return [*lines[: room - 1], Text(f"  and {more}: cyclone workers lists all")]
 
 
 def _worker(w: dict[str, Any]) -> Text:
