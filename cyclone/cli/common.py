@@ -287,10 +287,7 @@ def to_jsonable(value: Any) -> Any:
 def note_hidden(shown: Shown) -> None:
     """Say which spare columns a narrow terminal left out, so none goes missing unnoticed."""
     if shown.hidden:
-        message(
-            f"left out to fit {shown.width} columns: {', '.join(shown.hidden)} "
-            "(a wider terminal or --json shows them)"
-        )
+        message(f"not shown at {shown.width} columns: {', '.join(shown.hidden)} (--json has all)")
 
 
 def emit_json(value: Any) -> None:

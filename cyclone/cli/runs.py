@@ -229,10 +229,7 @@ def show_steps(session: Session, args: argparse.Namespace) -> int:
         _error_details(out, rows)
     matching = sum(r["steps"] for r in counts if args.state in (None, r["state"]))
     if len(rows) < matching:
-        message(
-            f"showing the first {len(rows)} of {matching} steps; --limit N shows up to "
-            f"{MAX_LIMIT}, --state S picks a state, --summary counts them by node"
-        )
+        message(f"the first {len(rows)} of {matching} steps (--limit N shows up to {MAX_LIMIT})")
     elif not rows:
         message(f"run {args.run_id} has no {args.state or ''} steps".replace("  ", " "))
     note_hidden(shown)
@@ -271,10 +268,7 @@ def _steps_summary(args: argparse.Namespace, counts: list[dict[str, Any]], total
             for name, n in nodes.items()
         ],
     )
-    message(
-        f"run {args.run_id} has {total} steps, counted above by node and state; "
-        "--state S or --limit N lists them"
-    )
+    message(f"{total} steps, counted by node and state; --state S or --limit N lists them")
     note_hidden(shown)
     return OK
 
