@@ -134,3 +134,44 @@ def test_workers_lists_step_and_run_ids_whole(capsys, cenv, monkeypatch, width):
         assert f"{s['host']}:{s['pid']}" in r.out
     wide = [line for line in r.out.splitlines() if len(line) > width]
     assert not wide or "-[ 1 ]" in r.out
+
+
+@pytest.mark.process
+def test_the_live_screen_on_an_80x24_terminal_is_the_compact_one(cenv):
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from test_cli_process import clean_env, read_until, stop
+
+    seeded = seed(cenv, busy=30, idle=0, lost=1)
+    primary, secondary = pty.openpty()
+    # The size a terminal reports, as on a real 80x24 one: no COLUMNS or LINES to help.
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in clean_env(TERM="xterm-256color").items() if k != "LINES"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cyclone.cli", "--dsn", cenv.dsn, "status", "--interval", "500ms"],
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+        env=env,
+        close_fds=True,
+    )
+    os.close(secondary)
+    seen = bytearray()
+    try:
+        # Two frames: the first and at least one refresh, each ending with the workers count.
+        twice = "workers lists all(.|\n)*workers lists all"
+        assert read_until(primary, twice, seen, 30), seen[-3000:]
+    finally:
+        code = stop(proc, primary, seen)
+    assert code == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    assert "Traceback" not in text and "Workers" not in text  # not the full tables
+    assert "queue" in text and str(seeded["killed"]) in text
+    frame = text[text.rindex("cyclone status") :].splitlines()
+    assert len(frame) <= 24 and max(len(line.rstrip()) for line in frame) <= 80, frame
