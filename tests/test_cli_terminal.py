@@ -276,6 +276,7 @@ def test_run_keeps_field_names_whole_beside_a_large_input(capsys, cenv, width):
         "parent_run_id", "created_at", "deadline_at", "paused_at", "finished_at",
     ]  # fmt: skip
     assert_whole(r.out, run_id, "SKU-00000")
+    assert "characters: --json shows them all" in r.out  # the input was cut, and says so
     failed = failed_run(cenv)
     r = run_cli(capsys, cenv, "run", failed)
     assert_whole(r.out, cenv.client.get_run(failed).error)

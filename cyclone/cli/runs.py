@@ -305,10 +305,16 @@ def signal(session: Session, args: argparse.Namespace) -> int:
     return OK
 
 
+# An input or output longer than this is cut in `cyclone run`'s text (never in --json).
+_SHOWN_JSON = 2000
+
+
 def _short(value: Any) -> str:
     import json
 
     if isinstance(value, dict | list):
         text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 2000 else text[:1997] + "..."
+        if len(text) <= _SHOWN_JSON:
+            return text
+        return f"{text[:_SHOWN_JSON]}... ({len(text)} characters: --json shows them all)"
     return cell(value)
