@@ -60,7 +60,7 @@ def seed(env: TestEnv, busy: int, idle: int, lost: int, name: str = LONG) -> dic
         "   FROM generate_series(%s + 1, %s) AS i",
         (lease.step_id, run_id, name, name, busy, busy, busy + idle),
     )
-    return {"killed": killed, "paused": paused, "step_id": lease.step_id}
+    return {"killed": killed, "paused": paused, "step_id": lease.step_id, "run_id": run_id}
 
 
 def draw(env: TestEnv, width: int, height: int | None) -> list[str]:
@@ -101,10 +101,14 @@ def test_at_200x50_a_small_cluster_gets_the_full_tables(cenv):
 
 
 def test_a_cluster_too_big_for_the_full_tables_gets_the_compact_screen_at_200x50(cenv):
-    seed(cenv, busy=60, idle=0, lost=0)
+    seeded = seed(cenv, busy=60, idle=0, lost=0, name="cli-approve-in-batches")
     lines = draw(cenv, 200, 49)
     assert len(lines) <= 49 and "Workers" not in "\n".join(lines)
     assert "more busy worker(s)" in lines[-1]
+    workers = [line for line in lines if f" {seeded['step_id']} cli-approve-in" in line]
+    # Wide enough: each worker's run id is on its line, whole; at 80 columns it is left off.
+    assert workers and all(line.endswith(f"run {seeded['run_id']}") for line in workers)
+    assert all(str(seeded["run_id"])[:8] not in line for line in draw(cenv, 80, 23))
 
 
 def test_status_once_at_80_columns_folds_nothing(capsys, cenv, monkeypatch):

@@ -25,16 +25,21 @@ SECTION_ROWS = 3
 
 
 def render_compact(
-    snap: Snapshot, *, problem: str | None = None, height: int | None = None
+    snap: Snapshot,
+    *,
+    problem: str | None = None,
+    width: int | None = None,
+    height: int | None = None,
 ) -> Group:
-    """The snapshot in at most `height` lines (all of it when `height` is None)."""
+    """The snapshot in at most `height` lines (all of it when `height` is None); a worker's
+    run id is added to its line where it fits whole in `width`."""
     lines = [_title(snap)]
     if problem:
         lines.append(Text(problem, style="bold red"))
     lines += [_queue(snap), _runs(snap), _dlq(snap)]
     lines += _lost(snap) + _deadline_failures(snap) + _paused(snap)
     room = None if height is None else max(height - len(lines), 2)
-    lines += _workers(snap, room)
+    lines += _workers(snap, room, width)
     for line in lines:
         line.no_wrap, line.overflow = True, "ellipsis"
     return Group(*lines)
@@ -121,7 +126,7 @@ def _paused(snap: Snapshot) -> list[Text]:
     return lines
 
 
-def _workers(snap: Snapshot, room: int | None) -> list[Text]:
+def _workers(snap: Snapshot, room: int | None, width: int | None) -> list[Text]:
     """A line per live supervisor with its busy workers under it, longest busy first; idle
     workers are counted. Given `room` lines only, the busy workers that do not fit are counted
     on the last line."""
@@ -149,7 +154,7 @@ def _workers(snap: Snapshot, room: int | None) -> list[Text]:
         if busy and "heading" not in kinds:
             lines.append(Text("  slot  pid      elapsed  lease  deadline  step", style="dim"))
             kinds.append("heading")
-        lines += [_worker(w) for w in busy]
+        lines += [_worker(w, width) for w in busy]
         kinds += ["worker"] * len(busy)
     if room is None or len(lines) <= room:
         return lines
@@ -159,7 +164,7 @@ def _workers(snap: Snapshot, room: int | None) -> list[Text]:
     return [*lines[: room - 1], Text(f"  and {more}: cyclone workers lists all")]
 
 
-def _worker(w: dict[str, Any]) -> Text:
+def _worker(w: dict[str, Any], width: int | None) -> Text:
     text = Text(f"  {w['slot']:<4}  {w['pid']:<7}  {seconds(w['elapsed']):>7}  ")
     text.append_text(_left(w["lease_left"], 5))
     text.append("  ")
@@ -168,7 +173,11 @@ def _worker(w: dict[str, Any]) -> Text:
     step = f"  {w['step_id']} {w['workflow']}/{node} attempt {w['attempt']}"
     if w["step_state"] not in (None, "running"):
         step += f" (step now {w['step_state']})"
-    return text.append(step)
+    text.append(step)
+    run = f"  run {w['run_id']}"
+    if width is None or text.cell_len + len(run) <= width:
+        text.append(run, style="dim")
+    return text
 
 
 def _left(value: float | None, width: int) -> Text:

@@ -35,7 +35,7 @@ def render(
     parts += [_deadline_table(snap), _paused_table(snap)]
     if _fits(parts, width, height):
         return Group(*parts)
-    return render_compact(snap, problem=problem, height=height)
+    return render_compact(snap, problem=problem, width=width, height=height)
 
 
 def _fits(parts: list[Any], width: int | None, height: int | None) -> bool:
