@@ -90,8 +90,7 @@ class Shown:
     hidden: tuple[str, ...] = ()
 
 
-# Between two columns of a borderless rich table: its padding (one space each side) and the
-# divider.
+# Between two columns: three spaces, the look of rich's borderless tables elsewhere.
 _GAP = 3
 
 
@@ -114,7 +113,7 @@ def print_listing(out: Any, columns: Sequence[Column], rows: Sequence[Sequence[A
     if _table_width(widths, shown) > out.width:
         out.print(records(columns, texts), soft_wrap=True)
         return Shown("records", out.width)
-    out.print(_table(columns, texts, shown))
+    out.print(_table(columns, texts, shown, widths))
     return Shown("table", out.width, tuple(c.name for i, c in enumerate(columns) if i not in shown))
 
 
@@ -129,7 +128,7 @@ def records(
     out = Text(no_wrap=True, overflow="ignore")
     for n, row in enumerate(texts, 1):
         if numbered:
-            out.append(f"-[ {n} ]" + "-" * max(0, pad + 20 - len(str(n)) - 5) + "\n", "dim")
+            out.append(f"-[ {n} ]".ljust(pad + 20, "-") + "\n", "dim")
         for column, value in zip(columns, row, strict=True):
             lines = value.splitlines() or [""]
             out.append(column.name.ljust(pad), "bold")
@@ -157,31 +156,30 @@ def _table_width(widths: Sequence[int], shown: Sequence[int]) -> int:
     return sum(widths[i] for i in shown) + _GAP * max(0, len(shown) - 1)
 
 
-def _table(columns: Sequence[Column], texts: Sequence[Sequence[str]], shown: list[int]) -> Any:
+def _table(
+    columns: Sequence[Column],
+    texts: Sequence[Sequence[str]],
+    shown: Sequence[int],
+    widths: Sequence[int],
+) -> Any:
     """The rows as a borderless table (rich's SIMPLE_HEAD look), laid out here: every width is
     known and nothing folds, and rich's Table took about 2 ms a row to lay out (19 s for
     10,000 steps)."""
     from rich.text import Text
 
-    values = [[_first(r[i]) if columns[i].first_line else r[i] for i in shown] for r in texts]
-    widths = [
-        max([cell_len(columns[i].name)] + [_widest(v[k]) for v in values])
-        for k, i in enumerate(shown)
-    ]
+    shown_widths = [widths[i] for i in shown]
     out = Text(no_wrap=True, overflow="ignore")
-    out.append(_line([columns[i].name for i in shown], widths), "bold")
-    out.append("─" * _table_width(widths, range(len(widths))) + "\n")
-    for row in values:
-        height = max(len(v.splitlines()) or 1 for v in row)
-        split = [v.splitlines() or [""] for v in row]
-        for n in range(height):
-            out.append(_line([lines[n] if n < len(lines) else "" for lines in split], widths))
+    out.append(_line([columns[i].name for i in shown], shown_widths), "bold")
+    out.append("─" * _table_width(widths, shown) + "\n")
+    for row in texts:
+        cells = [
+            (_first(row[i]) if columns[i].first_line else row[i]).splitlines() or [""]
+            for i in shown
+        ]
+        for n in range(max(len(lines) for lines in cells)):
+            out.append(_line([ln[n] if n < len(ln) else "" for ln in cells], shown_widths))
     out.rstrip()
     return out
-
-
-def _widest(value: str) -> int:
-    return max((cell_len(line) for line in value.splitlines()), default=0)
 
 
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
