@@ -85,6 +85,8 @@ def test_at_80x24_the_urgent_sections_come_first_and_everything_fits(cenv):
     for run_id in seeded["paused"]:
         assert str(run_id) in text
     assert "1 more lost supervisor(s)" in text
+    cut = [line for line in lines if line.endswith("…")]
+    assert cut and all(LONG[:10] in line for line in cut), cut  # only step text is cut
     assert "more busy worker(s)" in text  # the workers that did not fit are counted
     workers = [line for line in lines if f" {seeded['step_id']} {LONG[:10]}" in line]
     assert workers and all(line.endswith("…") and len(line) <= 80 for line in workers)

@@ -75,9 +75,9 @@ def _dlq(snap: Snapshot) -> Text:
     if not snap.dlq:
         return text.append("empty")
     reasons = ", ".join(f"{r['reason']} {r['steps']}" for r in snap.dlq)
-    newest = max(r["newest"] for r in snap.dlq)
+    newest = (snap.taken_at - max(r["newest"] for r in snap.dlq)).total_seconds()
     text.append(f"{snap.dlq_total} step(s): {reasons}", style="red")
-    return text.append(f"; newest {when(newest)}")
+    return text.append(f"; newest {seconds(newest)} ago")
 
 
 def _lost(snap: Snapshot) -> list[Text]:
