@@ -76,8 +76,9 @@ def _dlq(snap: Snapshot) -> Text:
         return text.append("empty")
     reasons = ", ".join(f"{r['reason']} {r['steps']}" for r in snap.dlq)
     newest = (snap.taken_at - max(r["newest"] for r in snap.dlq)).total_seconds()
-    text.append(f"{snap.dlq_total} step(s): {reasons}", style="red")
-    return text.append(f"; newest {seconds(newest)} ago")
+    # The counts by reason last: with many reasons, they are what the width cuts.
+    text.append(f"{snap.dlq_total} step(s), newest {seconds(newest)} ago", style="red")
+    return text.append(f"; {reasons}")
 
 
 def _lost(snap: Snapshot) -> list[Text]:
