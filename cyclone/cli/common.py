@@ -26,7 +26,15 @@ from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
-from cyclone.db import check_dsn, connect, is_step_id, resolve_dsn, with_options
+from cyclone.db import (
+    MAX_PAYLOAD_BYTES,
+    check_dsn,
+    connect,
+    is_step_id,
+    resolve_dsn,
+    with_options,
+)
+from cyclone.display import Shown
 from cyclone.errors import ConfigError
 
 # Exit statuses (SPEC section 8).
@@ -48,7 +56,13 @@ class CliError(Exception):
         self.message = message
 
 
+PREFIX = "cyclone: "
+
+
 def message(text: str) -> None:
+    """One line for the operator on stderr. Every message carries the `cyclone:` prefix, once,
+    so a script's log tells them from its own and from the data on stdout."""
+    text = text if text.startswith(PREFIX) else PREFIX + text
     print(text, file=sys.stderr, flush=True)
 
 
@@ -223,15 +237,55 @@ def limit_arg(value: str) -> int:
 
 
 def json_arg(value: str) -> Any:
+    """JSON given inline, as `@FILE` (the file's content) or as `-` (read from stdin). Neither
+    form is ambiguous: no JSON text starts with `@` or is a lone `-`."""
+    origin = ""
+    if value == "-":
+        origin, value = "stdin: ", _read_stdin()
+    elif value.startswith("@"):
+        origin, value = f"{_show(value[1:], 300)}: ", _read_file(value[1:])
     try:
         return json.loads(value)
     except (ValueError, RecursionError) as exc:
-        raise ArgumentTypeError(f"not JSON: {exc}") from None
+        raise ArgumentTypeError(f"{origin}not JSON: {exc}") from None
 
 
-def _show(value: str) -> str:
+# The client refuses a payload over MAX_PAYLOAD_BYTES once encoded; this only keeps a huge
+# file (or an endless pipe) from being read into memory to find that out.
+_READ_LIMIT = 16 * MAX_PAYLOAD_BYTES
+
+
+def _read_file(path: str) -> str:
+    if not path:
+        raise ArgumentTypeError("expected @FILE: a file name after the @")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_READ_LIMIT + 1)
+    except OSError as exc:
+        raise ArgumentTypeError(f"cannot read {_show(path, 300)}: {exc.strerror or exc}") from None
+    return _decode(data, _show(path, 300))
+
+
+def _read_stdin() -> str:
+    if sys.stdin is None or sys.stdin.closed:
+        raise ArgumentTypeError("stdin: nothing to read")
+    if sys.stdin.isatty():
+        message("reading JSON from stdin: end it with Ctrl-D")
+    return _decode(sys.stdin.buffer.read(_READ_LIMIT + 1), "stdin")
+
+
+def _decode(data: bytes, origin: str) -> str:
+    if len(data) > _READ_LIMIT:
+        raise ArgumentTypeError(f"{origin}: larger than {_READ_LIMIT // 2**20} MiB")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ArgumentTypeError(f"{origin}: not UTF-8 text") from None
+
+
+def _show(value: str, most: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -262,6 +316,12 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     return value
+
+
+def note_hidden(shown: Shown) -> None:
+    """Say which spare columns a narrow terminal left out, so none goes missing unnoticed."""
+    if shown.hidden:
+        message(f"not shown at {shown.width} columns: {', '.join(shown.hidden)} (--json has all)")
 
 
 def emit_json(value: Any) -> None:

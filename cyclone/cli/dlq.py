@@ -15,11 +15,12 @@ from cyclone.cli.common import (
     emit_json,
     limit_arg,
     message,
+    note_hidden,
     positive_duration_arg,
     step_id_arg,
     text_arg,
 )
-from cyclone.display import table, when
+from cyclone.display import Column, print_listing, when
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.models import ExhaustedQuery
 from cyclone.states import ErrorKind
@@ -63,27 +64,26 @@ def list_dead(session: Session, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(steps)
         return OK
-    console().print(
-        table(
-            None,
-            ["step", "run", "workflow", "node", "reason", "attempt", "error", "dead since"],
-            (
-                (
-                    s.id,
-                    s.run_id,
-                    s.workflow,
-                    s.label,
-                    s.error_kind,
-                    s.attempt,
-                    (s.error or "").strip().splitlines()[0] if s.error else None,
-                    s.completed_at,
-                )
-                for s in steps
-            ),
-        )
+    shown = print_listing(
+        console(),
+        [
+            Column("step"),
+            Column("run"),
+            Column("workflow"),
+            Column("node"),
+            Column("reason"),
+            Column("attempt"),
+            Column("error", first_line=True),
+            Column("dead since", drop=1),
+        ],
+        [
+            (s.id, s.run_id, s.workflow, s.label, s.error_kind, s.attempt, s.error, s.completed_at)
+            for s in steps
+        ],
     )
     if not steps:
         message("the DLQ has no steps that match")
+    note_hidden(shown)
     return OK
 
 

@@ -18,14 +18,16 @@ from cyclone.cli.common import (
     json_arg,
     limit_arg,
     message,
+    note_hidden,
     run_id_arg,
     text_arg,
     to_jsonable,
 )
-from cyclone.display import cell, seconds, table, when
-from cyclone.errors import PayloadTooLarge
+from cyclone.display import Column, cell, print_listing, records, seconds, when
+from cyclone.errors import PayloadTooLarge, RunNotFound
+from cyclone.models import node_label
 from cyclone.sql import QUERIES
-from cyclone.states import RunState
+from cyclone.states import RunState, StepState
 
 _NO_INPUT: Any = object()
 
@@ -33,7 +35,13 @@ _NO_INPUT: Any = object()
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", parents=common, help="start a run of a registered workflow")
     p.add_argument("workflow", type=text_arg, help="the workflow's registered name")
-    p.add_argument("--input", type=json_arg, default=_NO_INPUT, help="the run's input, as JSON")
+    p.add_argument(
+        "--input",
+        type=json_arg,
+        default=_NO_INPUT,
+        metavar="JSON",
+        help="the run's input: JSON, @FILE for a file's, - for stdin's",
+    )
     p.add_argument("--deadline", type=duration_arg, help="run deadline, e.g. 30m (0: none)")
     p.add_argument("--key", type=text_arg, help="idempotency key: a repeat returns the first run")
     p.set_defaults(run=submit)
@@ -50,8 +58,21 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
     p.set_defaults(run=show_run)
 
-    p = sub.add_parser("steps", parents=common, help="every step of a run, error text and all")
+    p = sub.add_parser(
+        "steps",
+        parents=common,
+        help="a run's steps, error text and all (counts by node for a big run)",
+        description=(
+            f"A run's steps in creation order, error text and all. A run of more than "
+            f"{SUMMARY_OVER} steps shows counts by node and state instead, unless --state or "
+            f"--limit asks for steps; the text listing stops at {STEPS_SHOWN} unless --limit "
+            "says otherwise. --json lists every step that matches."
+        ),
+    )
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
+    p.add_argument("--state", choices=[s.value for s in StepState], help="only steps in this state")
+    p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
+    p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
     p.set_defaults(run=show_steps)
 
     for verb, help_text in (
@@ -66,7 +87,13 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("signal", parents=common, help="send a signal to a run's wait")
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
     p.add_argument("name", type=text_arg, metavar="NAME")
-    p.add_argument("--payload", type=json_arg, default=None, help="the signal's payload, as JSON")
+    p.add_argument(
+        "--payload",
+        type=json_arg,
+        default=None,
+        metavar="JSON",
+        help="the signal's payload: JSON, @FILE for a file's, - for stdin's",
+    )
     p.set_defaults(run=signal)
 
 
@@ -98,26 +125,33 @@ def list_runs(session: Session, args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rows)
         return OK
-    console().print(
-        table(
-            None,
-            ["run", "workflow", "state", "error", "created", "deadline left", "finished"],
+    shown = print_listing(
+        console(),
+        [
+            Column("run"),
+            Column("workflow"),
+            Column("state"),
+            Column("error"),
+            Column("created", drop=2),
+            Column("deadline left", drop=1),
+            Column("finished", drop=3),
+        ],
+        [
             (
-                (
-                    r["id"],
-                    r["workflow"],
-                    r["state"],
-                    r["error_kind"],
-                    r["created_at"],
-                    seconds(r["deadline_left"]),
-                    r["finished_at"],
-                )
-                for r in rows
-            ),
-        )
+                r["id"],
+                r["workflow"],
+                r["state"],
+                r["error_kind"],
+                r["created_at"],
+                seconds(r["deadline_left"]),
+                r["finished_at"],
+            )
+            for r in rows
+        ],
     )
     if not rows:
         message("no runs match")
+    note_hidden(shown)
     return OK
 
 
@@ -127,49 +161,116 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
         emit_json(st)
         return OK
     fields = to_jsonable(st)
-    rows = [
-        (name, when(getattr(st, name)) if name.endswith("_at") else _short(fields[name]))
-        for name in fields
-    ]
-    console().print(table(None, ["field", "value"], rows))
+    # One record, field per line: a long input or error must not squeeze the field names.
+    console().print(
+        records(
+            [Column(name) for name in fields],
+            [[when(getattr(st, n)) if n.endswith("_at") else _short(v) for n, v in fields.items()]],
+            numbered=False,
+        ),
+        soft_wrap=True,
+    )
     return OK
 
 
+# A run with more steps than this shows counts by node and state unless steps are asked for;
+# a text listing stops at STEPS_SHOWN unless --limit says otherwise.
+SUMMARY_OVER = 100
+STEPS_SHOWN = 1000
+
+
 def show_steps(session: Session, args: argparse.Namespace) -> int:
-    steps = session.client().steps(args.run_id)
+    conn = session.connect()
+    counts = conn.execute(QUERIES["run_steps_summary"], {"run_id": args.run_id}).fetchall()
+    if not counts and not conn.execute(QUERIES["run_exists"], {"run_id": args.run_id}).fetchone():
+        raise RunNotFound(f"no run {args.run_id!r}")
+    total = sum(r["steps"] for r in counts)
+    asked = args.json or args.state or args.limit
+    if args.summary or not (asked or total <= SUMMARY_OVER):
+        return _steps_summary(args, counts, total)
+    limit = args.limit or (None if args.json else STEPS_SHOWN)
+    rows = conn.execute(
+        QUERIES["run_steps_page"], {"run_id": args.run_id, "state": args.state, "limit": limit}
+    ).fetchall()
     if args.json:
-        emit_json(steps)
+        emit_json(rows)
         return OK
-    console().print(
-        table(
-            None,
-            [
-                "id",
-                "node",
-                "kind",
-                "state",
-                "attempt",
-                "kind of error",
-                "error",
-                "started",
-                "ended",
-            ],
+    out = console()
+    shown = print_listing(
+        out,
+        [
+            Column("step"),
+            Column("node"),
+            Column("kind", drop=1),
+            Column("state"),
+            Column("attempt"),
+            Column("reason", hide_empty=True),
+            Column("error", first_line=True, hide_empty=True),
+            Column("child run", hide_empty=True),
+            Column("started", drop=3),
+            Column("ended", drop=2),
+        ],
+        [
             (
-                (
-                    s.id,
-                    s.label,
-                    s.kind,
-                    s.state,
-                    s.attempt,
-                    s.error_kind,
-                    s.error,
-                    s.started_at,
-                    s.completed_at,
-                )
-                for s in steps
-            ),
-        )
+                r["id"],
+                node_label(r["node"], r["item_index"]),
+                r["kind"],
+                r["state"],
+                r["attempt"],
+                r["error_kind"],
+                r["error"],
+                r["child_run_id"],
+                r["started_at"],
+                r["completed_at"],
+            )
+            for r in rows
+        ],
     )
+    if shown.layout == "table":
+        _error_details(out, rows)
+    matching = sum(r["steps"] for r in counts if args.state in (None, r["state"]))
+    if len(rows) < matching:
+        message(f"the first {len(rows)} of {matching} steps (--limit N shows up to {MAX_LIMIT})")
+    elif not rows:
+        message(f"run {args.run_id} has no {args.state or ''} steps".replace("  ", " "))
+    note_hidden(shown)
+    return OK
+
+
+def _error_details(out: Any, rows: list[dict[str, Any]]) -> None:
+    """A table shows each error's first line; the rest (a traceback) follows it, whole."""
+    from rich.text import Text
+
+    for r in rows:
+        error = (r["error"] or "").strip()
+        if "\n" not in error:
+            continue
+        label = node_label(r["node"], r["item_index"])
+        text = Text(f"\nstep {r['id']} {label} ({r['state']}, attempt {r['attempt']}):\n", "bold")
+        text.append(error)
+        out.print(text, soft_wrap=True)
+
+
+def _steps_summary(args: argparse.Namespace, counts: list[dict[str, Any]], total: int) -> int:
+    if args.json:
+        emit_json([{k: r[k] for k in ("node", "kind", "state", "steps")} for r in counts])
+        return OK
+    nodes: dict[str, dict[str, Any]] = {}
+    for r in counts:
+        node = nodes.setdefault(r["node"], {"kind": r["kind"], "steps": 0})
+        node[r["state"]] = r["steps"]
+        node["steps"] += r["steps"]
+    states = [s.value for s in StepState if any(r["state"] == s.value for r in counts)]
+    shown = print_listing(
+        console(),
+        [Column("node"), Column("kind"), Column("steps"), *(Column(s) for s in states)],
+        [
+            (name, n["kind"], n["steps"], *(n.get(s, "") for s in states))
+            for name, n in nodes.items()
+        ],
+    )
+    message(f"{total} steps, counted by node and state; --state S or --limit N lists them")
+    note_hidden(shown)
     return OK
 
 
@@ -205,10 +306,16 @@ def signal(session: Session, args: argparse.Namespace) -> int:
     return OK
 
 
+# An input or output longer than this is cut in `cyclone run`'s text (never in --json).
+_SHOWN_JSON = 2000
+
+
 def _short(value: Any) -> str:
     import json
 
     if isinstance(value, dict | list):
         text = json.dumps(value, ensure_ascii=False)
-        return text if len(text) <= 2000 else text[:1997] + "..."
+        if len(text) <= _SHOWN_JSON:
+            return text
+        return f"{text[:_SHOWN_JSON]}... ({len(text)} characters: --json shows them all)"
     return cell(value)

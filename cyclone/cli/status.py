@@ -15,9 +15,13 @@ from cyclone.cli.common import (
     Session,
     console,
     emit_json,
+    message,
+    note_hidden,
     positive_duration_arg,
     redact,
 )
+from cyclone.display import Column, print_listing, seconds
+from cyclone.models import node_label
 from cyclone.status import Snapshot, take_snapshot
 
 # Status refreshes: one slow query must not freeze the screen for long.
@@ -71,7 +75,7 @@ def status(session: Session, args: argparse.Namespace) -> int:
         return OK
     out = console()
     if args.once or not sys.stdout.isatty():
-        out.print(render(snap))
+        out.print(render(snap, width=out.width))
         return OK
     return _live(session, out, snap, max(args.interval, MIN_INTERVAL))
 
@@ -82,7 +86,9 @@ def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
     from cyclone.status.render import render
 
     try:
-        with Live(render(snap), console=out, auto_refresh=False, screen=False) as live:
+        # One line short of the screen: a full screen would scroll the top line away.
+        size = {"width": out.width, "height": out.height - 1}
+        with Live(render(snap, **size), console=out, auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(interval)
                 problem = None
@@ -95,21 +101,84 @@ def _live(session: Session, out: Any, snap: Snapshot, interval: float) -> int:
                 except psycopg.OperationalError as exc:
                     session.close()
                     problem = f"database error, retrying: {redact(session.dsn, str(exc))}"
-                live.update(render(snap, problem=problem), refresh=True)
+                size = {"width": out.width, "height": out.height - 1}  # it may be resized
+                live.update(render(snap, problem=problem, **size), refresh=True)
     except KeyboardInterrupt:
         return OK
 
 
 def workers(session: Session, args: argparse.Namespace) -> int:
-    from rich.console import Group
-
-    from cyclone.status.render import supervisors_table, workers_table
-
     snap = take_snapshot(session.connect(), presence_only=True)
     if args.json:
         emit_json(
             {"taken_at": snap.taken_at, "supervisors": snap.supervisors, "workers": snap.workers}
         )
         return OK
-    console().print(Group(supervisors_table(snap), workers_table(snap)))
+    out = console()
+    hosts = {s["id"]: f"{s['host']}:{s['pid']}" for s in snap.supervisors}
+    shown = [
+        print_listing(
+            out,
+            [
+                Column("supervisor"),
+                Column("state"),
+                Column("workers"),
+                Column("up", drop=2),
+                Column("last seen", drop=1),
+            ],
+            [
+                (
+                    hosts[s["id"]],
+                    "lost" if s["lost"] else s["state"],
+                    f"{sum(w['supervisor_id'] == s['id'] for w in snap.workers)} "
+                    f"(target {s['workers_target']})",
+                    seconds(s["up_for"]),
+                    f"{seconds(s['seen_ago'])} ago",
+                )
+                for s in snap.supervisors
+            ],
+        )
+    ]
+    if not snap.supervisors:
+        message("no supervisor has published itself")
+        return OK
+    out.print()
+    shown.append(
+        print_listing(
+            out,
+            [
+                Column("supervisor"),
+                Column("slot"),
+                Column("pid"),
+                Column("state"),
+                Column("step", hide_empty=True),
+                Column("run", hide_empty=True),
+                Column("workflow/node", hide_empty=True),
+                Column("attempt", hide_empty=True),
+                Column("elapsed", drop=3),
+                Column("lease left", drop=2),
+                Column("deadline left", drop=1),
+            ],
+            [
+                (
+                    hosts.get(w["supervisor_id"], w["supervisor_id"]),
+                    w["slot"],
+                    w["pid"],
+                    w["state"],
+                    w["step_id"],
+                    w["run_id"],
+                    None
+                    if w["node"] is None
+                    else f"{w['workflow']}/{node_label(w['node'], w['item_index'])}",
+                    w["attempt"],
+                    seconds(w["elapsed"]) if w["state"] == "busy" else None,
+                    seconds(w["lease_left"]) if w["lease_left"] is not None else None,
+                    seconds(w["deadline_left"]) if w["state"] == "busy" else None,
+                )
+                for w in snap.workers
+            ],
+        )
+    )
+    for listing in shown:
+        note_hidden(listing)
     return OK

@@ -23,6 +23,29 @@ SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r
                       ORDER BY s.completed_at, s.id LIMIT 1) AS f ON r.state = 'failed'
  ORDER BY r.created_at DESC, r.id DESC;
 
+-- name: run_steps_summary
+-- `cyclone steps`: a run's steps counted by node and state, through the index that leads with
+-- run_id; cheap however many items a map has, and the total tells whether to list them.
+SELECT node, kind, state, count(*) AS steps, min(id) AS first_id
+  FROM cyclone_steps
+ WHERE run_id = %(run_id)s
+ GROUP BY node, kind, state
+ ORDER BY first_id;
+
+-- name: run_steps_page
+-- `cyclone steps`: a run's steps in creation order, those in %(state)s only when given, at
+-- most %(limit)s of them. `s.id + 0` keeps the planner from walking the primary key in id
+-- order and filtering on run_id: for a big run it does so, and on a big table that walk may
+-- pass millions of other runs' steps (all of them when no step matches the state). Read
+-- through the run_id index, the cost is a top-N sort over this run's steps only.
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index, s.child_run_id
+  FROM cyclone_steps s
+ WHERE s.run_id = %(run_id)s
+   AND (%(state)s::text IS NULL OR s.state = %(state)s::text)
+ ORDER BY s.id + 0
+ LIMIT %(limit)s;
+
 -- name: status_supervisors
 -- Every supervisor that published itself; `seen_ago` tells live ones from lost ones.
 SELECT id, host, pid, state, workers_target, started_at, seen_at,

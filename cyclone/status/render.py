@@ -2,26 +2,58 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from cyclone.display import seconds, table, when
 from cyclone.models import node_label
+from cyclone.status.compact import render_compact
 from cyclone.status.snapshot import Snapshot
 
 
-def render(snap: Snapshot, *, problem: str | None = None) -> Group:
-    """Everything on one screen, most urgent first: who works, then what waits or died."""
+def render(
+    snap: Snapshot,
+    *,
+    problem: str | None = None,
+    width: int | None = None,
+    height: int | None = None,
+) -> Group:
+    """Everything on one screen, most urgent first: who works, then what waits or died.
+
+    The tables when they fit `width` columns and `height` lines (None: no bound), else the
+    compact layout, a line per thing, which fits 80x24.
+    """
     parts: list[Any] = [_header(snap)]
     if problem:
         parts.append(Text(problem, style="bold red"))
     parts += [supervisors_table(snap), workers_table(snap)]
     parts += [_runs_table(snap), _dlq_table(snap)]
     parts += [_deadline_table(snap), _paused_table(snap)]
-    return Group(*parts)
+    if _fits(parts, width, height):
+        return Group(*parts)
+    return render_compact(snap, problem=problem, width=width, height=height)
+
+
+def _fits(parts: list[Any], width: int | None, height: int | None) -> bool:
+    """Whether the parts fit unfolded: no table wider than `width`, `height` lines in all."""
+    if height is not None and sum(_lines(p) for p in parts) > height:
+        return False
+    if width is None:
+        return True
+    from rich.measure import Measurement
+
+    measuring = Console(file=io.StringIO(), width=100_000)
+    return all(Measurement.get(measuring, measuring.options, p).maximum <= width for p in parts)
+
+
+def _lines(part: Any) -> int:
+    if isinstance(part, Table):  # title, heading and its rule, a line a row (none is folded)
+        return (1 if part.title else 0) + (2 if part.show_header else 0) + part.row_count
+    return len(part.plain.split("\n"))
 
 
 def _header(snap: Snapshot) -> Text:
