@@ -203,6 +203,8 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},
     "run_steps": lambda b: {"run_id": b.leases["chain"].run_id},
+    "run_steps_summary": lambda b: {"run_id": b.leases["chain"].run_id},
+    "run_steps_page": lambda b: {"run_id": b.leases["chain"].run_id, "state": None, "limit": 50},
     "dlq_list": lambda b: {"reason": None, "workflow": None, "since": None, "limit": 50},
     "status_queue": lambda b: {"cap": 10_000},
     "status_dlq_depth": lambda b: {},
