@@ -66,13 +66,22 @@ def item(ctx):
 
 parent.child("kid", workflow=one, input=lambda ctx: None, max_wait=timedelta(hours=1))
 
-WORKFLOWS = [one, chain, sleepy, waity, fanout, parent]
+bigmap = cyclone.Workflow("plans-bigmap")
+
+
+@bigmap.map(items=lambda ctx: list(range(2000)))
+def big_item(ctx):
+    return None
+
+
+WORKFLOWS = [one, chain, sleepy, waity, fanout, parent, bigmap]
 
 
 @dataclass
 class Backlog:
     env: TestEnv
     state: str
+    big_map: str = ""
     leases: dict[str, Lease] = field(default_factory=dict)
 
     def lease(self, wf: cyclone.Workflow) -> Lease:
@@ -90,6 +99,19 @@ def _burst(env: TestEnv) -> None:
     env.client.submit_many(waity, [None] * 2000, run_deadline=deadline)
     env.client.submit_many(fanout, [None] * 100)
     env.client.submit_many(parent, [None] * 100)
+
+
+def _big_map(env: TestEnv) -> str:
+    """A 2,000-item map three quarters done; returns its run's id."""
+    env.client.submit(bigmap, None)
+    lease = engine.lease_step(env.conn, worker="plans", workflows=[bigmap.name])
+    assert lease is not None and engine.expand_map(env.conn, lease, list(range(2000)))
+    env.conn.execute(
+        "UPDATE cyclone_steps SET state = 'completed', completed_at = now(), attempt = 1"
+        " WHERE run_id = %s AND item_index < 1500",
+        (lease.run_id,),
+    )
+    return lease.run_id
 
 
 def _history(env: TestEnv) -> None:
@@ -117,9 +139,10 @@ def backlog(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Backlog]:
             _history(env)
             env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
         _burst(env)
+        big_map = _big_map(env)
         if request.param == "analyzed":
             env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
-        b = Backlog(env, request.param)
+        b = Backlog(env, request.param, big_map=big_map)
         b.leases = {
             "one": b.lease(one),
             "chain": b.lease(chain),
@@ -183,6 +206,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     # The general completion's reads and writes of its run.
     "run_lock": lambda b: {"run_id": b.leases["one"].run_id},
     "run_results": lambda b: {"run_id": b.leases["chain"].run_id},
+    "map_item_pending": lambda b: {"run_id": b.big_map, "node": "big_item"},
     "step_nodes_done": lambda b: {"run_id": b.leases["chain"].run_id, "nodes": ["c1", "c2"]},
     "run_complete_if_done": lambda b: {
         "run_id": b.leases["chain"].run_id, "sinks": ["c2"], "node_count": 2, "now": None

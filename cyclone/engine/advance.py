@@ -99,8 +99,9 @@ def node_completed(conn: Conn, run: RunRef, graph: Graph, node: str, now: dateti
 
 
 def map_completed(conn: Conn, run_id: str, node: str) -> bool:
-    rows = conn.execute(QUERIES["step_nodes_done"], {"run_id": run_id, "nodes": [node]})
-    return rows.fetchone() is not None
+    """Whether every item of a map node completed (called once an item completed)."""
+    rows = conn.execute(QUERIES["map_item_pending"], {"run_id": run_id, "node": node})
+    return rows.fetchone() is None
 
 
 def complete_run_if_done(conn: Conn, run: RunRef, graph: Graph, now: datetime | None) -> None:

@@ -239,6 +239,16 @@ SELECT node FROM cyclone_steps
  WHERE run_id = %(run_id)s AND node = ANY(%(nodes)s::text[])
  GROUP BY node HAVING bool_and(state = 'completed');
 
+-- name: map_item_pending
+-- Whether an item of a map node is still to complete, asked at every item's completion: it
+-- must not read the node's items (a 1,000-item map would read half a million rows). Items are
+-- made in index order and leased oldest first, so the last are the likeliest still to run,
+-- and a walk from the end finds one at once until the node is all but done.
+SELECT item_index FROM cyclone_steps
+ WHERE run_id = %(run_id)s AND node = %(node)s AND state <> 'completed'
+ ORDER BY item_index DESC
+ LIMIT 1;
+
 -- name: step_revoked
 -- Of the leases a supervisor's workers hold, those no longer valid, with why.
 -- A token is set only while its step runs (a CHECK says so), so the token alone decides.
