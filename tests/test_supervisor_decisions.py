@@ -88,6 +88,7 @@ class FakeStore:
         self.revoked_calls = 0
         self.swept = 0
         self.sweep_revokes: dict[int, str | None] = {}
+        self.released: list[tuple[int, str]] = []
 
     def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:
         self.revoked_calls += 1
@@ -101,6 +102,10 @@ class FakeStore:
         self.swept += 1
         self.revocations.update(self.sweep_revokes)
         return len(self.sweep_revokes)
+
+    def release_step(self, step_id: int, token: str) -> bool:
+        self.released.append((step_id, token))
+        return True
 
 
 class FakeFactory:
@@ -461,9 +466,33 @@ def test_a_drain_past_shutdown_timeout_kills_and_releases(h: Harness) -> None:
     for pid in list(h.arbiter.children):
         h.ops.exits.append((pid, KILLED))
     h.arbiter.tick()
-    assert [(f[0], f[2]) for f in h.store.failed] == [(7, ErrorKind.CRASHED)]
+    # A planned stop is not the step's doing: released, its attempt not spent.
+    assert h.store.failed == []
+    assert h.store.released == [(7, "tok-7")]
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.arbiter.kills[KillReason.SHUTDOWN] == 3
+
+
+def test_a_second_stop_signal_releases_the_steps_it_kills(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=None)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    for pid in list(h.arbiter.children):
+        h.ops.exits.append((pid, KILLED))
+    h.arbiter.tick()
+    assert (h.store.failed, h.store.released) == ([], [(7, "tok-7")])
+
+
+def test_a_timeout_kill_ordered_before_the_stop_still_records_its_timeout(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=1.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.exit(pids[0], KILLED)
+    assert [f[2] for f in h.store.failed] == [ErrorKind.TIMEOUT] and h.store.released == []
 
 
 def test_a_second_sigint_kills_at_once(h: Harness) -> None:

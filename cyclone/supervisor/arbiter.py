@@ -276,7 +276,9 @@ class Arbiter:
         log.log(level, "%s %s%s", handle.label, status.describe(), note, extra={"action": "exit"})
         self.events.exited(handle, status)
         if kill is not None and lease is not None and kill.step_id == lease.step_id:
-            if kill.record is not None and kill.token is not None:
+            if kill.release and kill.token is not None:
+                self.release(lease, kill.reason)
+            elif kill.record is not None and kill.token is not None:
                 self.record(lease, kill.record, kill.error)
             else:
                 # The database revoked the lease and already holds the outcome.
@@ -325,6 +327,20 @@ class Arbiter:
             log.info(
                 "%s recorded as %s after %s: %s", step_label(lease), kind, format_elapsed(elapsed),
                 error, extra={"action": "record"},
+            )  # fmt: skip
+
+    def release(self, lease: HeldLease, reason: KillReason) -> None:
+        """A step stopped by a planned stop goes back with its attempt not spent."""
+        try:
+            released = self.store.release_step(lease.step_id, lease.token)
+        except Exception as exc:  # the database is down: lease expiry is the backstop
+            log.error("could not release step %d: %s", lease.step_id, exc)
+            return
+        if released:
+            log.info(
+                "%s released after %s (%s): attempt not spent", step_label(lease),
+                format_elapsed(self.clock() - lease.leased_at), reason,
+                extra={"action": "record"},
             )  # fmt: skip
 
     # --- killing ------------------------------------------------------------------------------
@@ -395,6 +411,7 @@ class Arbiter:
         error: str,
         *,
         grace: float | None = None,
+        release: bool = False,
     ) -> None:
         now = self.clock()
         grace = self.config.kill_grace if grace is None else grace
@@ -402,6 +419,7 @@ class Arbiter:
         handle.kill = KillOrder(
             reason=reason, ordered_at=now, hard_at=now + grace, record=record, error=error,
             step_id=lease.step_id if lease else None, token=lease.token if lease else None,
+            release=release,
         )  # fmt: skip
         self.kills[reason] = self.kills.get(reason, 0) + 1
         self.events.killed(reason)
@@ -421,9 +439,10 @@ class Arbiter:
     def kill_all(self, reason: KillReason) -> None:
         for handle in list(self.children.values()):
             if handle.kill is None:
-                record = ErrorKind.CRASHED if handle.lease else None
+                # A stop (or a restart) is planned, not the step's doing: its step goes back
+                # with the attempt not spent, as operators.md promises.
                 error = "worker killed at supervisor shutdown"
-                self.order_kill(handle, reason, record, error, grace=0)
+                self.order_kill(handle, reason, None, error, grace=0, release=True)
             elif not handle.kill.hard_sent:
                 self.hard_kill(handle)
 

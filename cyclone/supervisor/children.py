@@ -116,6 +116,8 @@ class KillOrder:
     record: ErrorKind | None = None
     error: str = ""
     hard_sent: bool = False
+    # A planned stop (shutdown): the step goes back with its attempt not spent.
+    release: bool = False
 
 
 @dataclass(slots=True)
