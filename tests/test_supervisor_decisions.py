@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from cyclone.engine import FINISHED
 from cyclone.states import ErrorKind
 from cyclone.supervisor import channel
 from cyclone.supervisor.arbiter import (
@@ -15,6 +16,7 @@ from cyclone.supervisor.arbiter import (
     EXIT_HALTED,
     FAST_EXIT,
     MAX_BOOT_FAILURES,
+    REPORT_WAIT,
     Arbiter,
     ArbiterConfig,
 )
@@ -330,6 +332,40 @@ def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harn
     # The done line arrives between the query and the decision.
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == []
+
+
+def test_a_step_its_worker_recorded_but_has_not_reported_yet_kills_nobody(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: FINISHED}  # recorded; the done line is still on its way
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    h.clock.advance(REPORT_WAIT / 2)
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.clock.advance(REPORT_WAIT)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
+
+
+def test_a_worker_that_never_reports_a_step_it_recorded_is_killed_after_report_wait(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: FINISHED}
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    h.clock.advance(REPORT_WAIT - 0.01)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    assert h.arbiter.next_wakeup() <= h.clock() + 0.01  # the re-check is scheduled
+    h.clock.advance(0.01)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    assert h.arbiter.kills == {KillReason.CANCEL: 1}
 
 
 def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_crashed(

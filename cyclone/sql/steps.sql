@@ -247,7 +247,17 @@ SELECT node FROM cyclone_steps
 -- name: step_revoked
 -- Of the leases a supervisor's workers hold, those no longer valid, with why.
 -- A token is set only while its step runs (a CHECK says so), so the token alone decides.
-SELECT h.step_id, s.error_kind
+-- A lease also ends when its holder records the step, a moment before the holder's `done`
+-- line reaches the supervisor: `finished` says so. Only revocations leave a step discarded
+-- (cancel, run failed elsewhere), gone (retention), or with one of the kinds below; whatever
+-- else the holder wrote (completed, a failure to retry, parked, released) is its own doing.
+SELECT h.step_id,
+       CASE WHEN s.state IN ('completed', 'waiting')
+                 OR (s.state IN ('available', 'running', 'dead')
+                     AND s.error_kind IS DISTINCT FROM 'cancelled'
+                     AND s.error_kind IS DISTINCT FROM 'deadline'
+                     AND s.error_kind IS DISTINCT FROM 'lease_expired')
+            THEN 'finished' ELSE s.error_kind::text END AS reason
   FROM unnest(%(step_ids)s::bigint[], %(tokens)s::uuid[]) AS h (step_id, token)
   LEFT JOIN cyclone_steps s ON s.id = h.step_id
  WHERE s.id IS NULL OR s.lease_token IS DISTINCT FROM h.token;

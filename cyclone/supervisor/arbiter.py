@@ -17,6 +17,7 @@ import logging
 import signal
 from collections.abc import Callable
 
+from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 from cyclone.supervisor import channel
@@ -59,6 +60,10 @@ FAST_EXIT = 1.0
 DB_RETRY = 5.0
 # With notifications working, polling for revoked leases is only a safety net.
 LISTEN_POLL_FACTOR = 10
+# A worker records its step, then reports it over its pipe: a revocation check can fall in
+# between (40 ms of it was seen on a loaded host). Such a lease is not revoked, and its worker
+# is killed only if the report has not come this long after the database showed the record.
+REPORT_WAIT = 2.0
 # The longest the loop sleeps, so it re-checks its children even when nothing wakes it.
 MAX_TICK = 1.0
 EXIT_HALTED = 3
@@ -365,9 +370,20 @@ class Arbiter:
             if lease is None or lease.step_id not in revoked or handle.kill is not None:
                 continue
             self.read_channel(handle)  # it may have finished the step a moment ago
-            if handle.lease is lease:
-                reason = REVOKE_REASONS.get(revoked[lease.step_id] or "", KillReason.CANCEL)
-                self.order_kill(handle, reason, record=None, error="lease revoked")
+            if handle.lease is not lease:
+                continue
+            why = revoked[lease.step_id]
+            if why == FINISHED:
+                # Recorded by its holder, whose report is on its way: no kill, unless the
+                # report never comes (the worker is stuck past its own write).
+                if lease.finished_seen is None:
+                    lease.finished_seen = now
+                if now - lease.finished_seen < REPORT_WAIT:
+                    self.next_poll = min(self.next_poll, lease.finished_seen + REPORT_WAIT)
+                    continue
+                why = None
+            reason = REVOKE_REASONS.get(why or "", KillReason.CANCEL)
+            self.order_kill(handle, reason, record=None, error="lease revoked")
 
     def enforce_deadlines(self) -> None:
         now = self.clock()

@@ -100,6 +100,9 @@ class HeldLease:
     leased_at: float
     timeout_at: float | None  # the attempt's own timeout, when it comes before the deadline
     deadline_at: float | None  # the run's deadline
+    # When the database first said the holder recorded this step while its `done` line had
+    # not arrived yet (see Arbiter.check_revocations).
+    finished_seen: float | None = None
 
 
 @dataclass(slots=True)

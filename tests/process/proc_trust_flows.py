@@ -1,0 +1,26 @@
+"""Workflows of the operator-trust process tests (issue 11), beside proc_flows."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import cyclone
+
+# Many short steps: a revocation check often falls between a step's record and its report.
+fanout = cyclone.Workflow("trust-fanout")
+
+
+@fanout.map(items=lambda ctx: list(range(ctx.input["n"])))
+def item(ctx: cyclone.StepContext) -> int:
+    time.sleep(ctx.input.get("sleep", 0.002))
+    return int(ctx.item)
+
+
+# Steps whose timeout is always close: a kill can fall due at any moment while they run.
+short = cyclone.Workflow("trust-short")
+
+
+@short.task(timeout=timedelta(seconds=2))
+def brief(ctx: cyclone.StepContext) -> None:
+    time.sleep(ctx.input.get("sleep", 0.3))
