@@ -7,7 +7,15 @@ from datetime import timedelta
 
 from cyclone.scanner.presence import StalePresenceSweep
 from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
-from cyclone.supervisor.presence import PUBLISH_INTERVAL, STALE_AFTER, Presence, snapshot
+from cyclone.supervisor.presence import (
+    KILL_MARGIN,
+    MAX_SILENCE,
+    PUBLISH_INTERVAL,
+    PUBLISH_MARGIN,
+    STALE_AFTER,
+    Presence,
+    snapshot,
+)
 from cyclone.supervisor.store import connect_briefly
 from cyclone.testing import TestEnv
 
@@ -94,13 +102,43 @@ def test_a_slot_shared_during_a_reload_shows_the_busy_worker() -> None:
 def test_publishing_waits_for_changes_the_interval_and_any_kill_that_may_fall_due() -> None:
     presence = Presence(lambda: None, host="h", pid=1)  # type: ignore[arg-type,return-value]
     assert presence.due(0.0, None)
-    presence.last_try, presence.changed = 10.0, False
+    presence.last_try, presence.last_published, presence.changed = 10.0, 10.0, False
     assert not presence.due(10.0 + PUBLISH_INTERVAL / 2, None)
     assert presence.due(10.0 + PUBLISH_INTERVAL, None)
     presence.mark_changed()
     assert presence.due(10.6, None)
     # A kill due in one second: the publish (which may block on a connect) waits.
     assert not presence.due(10.6, next_kill_at=11.6)
+
+
+def test_a_kill_always_close_by_delays_a_publish_by_at_most_max_silence(env: TestEnv) -> None:
+    presence = Presence(lambda: connect_briefly(env.dsn), host="h", pid=1)
+    snap = snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0)
+    assert presence.publish(snap, 10.0)
+    # On the kept connection a publish is one statement: only a kill closer than that waits.
+    assert presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN + 0.1)
+    assert not presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN - 0.1)
+    # Steps with short timeouts back to back: some kill is always close. Liveness still goes
+    # out once MAX_SILENCE has passed.
+    assert not presence.due(10.0 + MAX_SILENCE - 0.1, next_kill_at=10.0 + MAX_SILENCE)
+    assert presence.due(10.0 + MAX_SILENCE, next_kill_at=10.0 + MAX_SILENCE + 0.01)
+    presence.session.close()  # without the connection, a publish may also have to connect
+    assert not presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN + 0.1)
+    assert presence.due(12.0, next_kill_at=12.0 + KILL_MARGIN + 0.1)
+    presence.withdraw()
+
+
+def test_the_scanner_never_removes_a_live_supervisor_however_long_unseen(env: TestEnv) -> None:
+    live = Presence(lambda: connect_briefly(env.dsn), host="live", pid=1)
+    dead = Presence(lambda: connect_briefly(env.dsn), host="dead", pid=2)
+    for presence in (live, dead):
+        presence.publish(snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0), 0)
+    dead.close()  # its connection (and lock) went with its process
+    later = env.conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
+    assert StalePresenceSweep(batch_size=10).run_once(env.conn, now=later) == 1
+    assert [s["host"] for s in rows(env, "cyclone_supervisors")] == ["live"]
+    live.close()  # its lock is gone: now it is dead too
+    assert StalePresenceSweep(batch_size=10).run_once(env.conn, now=later) == 1
 
 
 def test_a_failed_publish_is_retried_later_and_never_raises(env: TestEnv) -> None:
