@@ -170,24 +170,36 @@ WITH run AS (
 
 -- name: step_fail
 -- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.
+-- The attempt's error is kept in cyclone_step_attempts: the row's own error is overwritten by
+-- the next failure and cleared by a completion or a DLQ retry.
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = (SELECT run_id FROM cyclone_steps
                                              WHERE id = %(step_id)s)
        FOR NO KEY UPDATE
+), failed AS (
+    UPDATE cyclone_steps s
+       SET state = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN 'available'
+                        ELSE 'dead' END,
+           available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(
+               secs => least(%(backoff_cap)s,
+                             %(backoff_base)s * power(2, greatest(s.attempt - 1, 0)))
+                       * (0.5 + random() * 0.5)),
+           completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
+                               ELSE coalesce(%(now)s::timestamptz, now()) END,
+           error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL,
+           gated_at = coalesce(%(now)s::timestamptz, now())
+      FROM run
+     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
+       AND s.run_id = run.id
+    RETURNING s.id, s.run_id, s.node, s.state, s.attempt, s.leased_by, s.started_at
+), kept AS (
+    INSERT INTO cyclone_step_attempts
+           (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)
+    SELECT id, run_id, attempt, %(kind)s, %(error)s, leased_by, started_at,
+           coalesce(%(now)s::timestamptz, now())
+      FROM failed
 )
-UPDATE cyclone_steps s
-   SET state = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
-       available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(
-           secs => least(%(backoff_cap)s, %(backoff_base)s * power(2, greatest(s.attempt - 1, 0)))
-                   * (0.5 + random() * 0.5)),
-       completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
-                           ELSE coalesce(%(now)s::timestamptz, now()) END,
-       error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL,
-       gated_at = coalesce(%(now)s::timestamptz, now())
-  FROM run
- WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
-   AND s.run_id = run.id
-RETURNING s.run_id, s.node, s.state;
+SELECT run_id, node, state FROM failed;
 
 -- name: step_release_items
 -- A map's fan-out row becomes its first item, ready to lease.
