@@ -8,11 +8,13 @@
 -- durations measured on the supervisor's monotonic clock; the timestamps come from this
 -- database's clock, like every other time Cyclone stores.
 WITH sup AS (
-    INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at)
+    INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at,
+                                          workflows)
     VALUES (%(id)s, %(host)s, %(pid)s, %(state)s, %(target)s,
-            now() - make_interval(secs => %(uptime)s), now())
+            now() - make_interval(secs => %(uptime)s), now(), %(served)s::text[])
     ON CONFLICT (id) DO UPDATE
-       SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now()
+       SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now(),
+           workflows = EXCLUDED.workflows
     RETURNING s.id
 ), gone AS (
     DELETE FROM cyclone_workers
@@ -76,11 +78,24 @@ DELETE FROM cyclone_supervisors s USING due WHERE s.id = due.id
 RETURNING s.id;
 
 -- name: metrics_gauges
--- The gauges /metrics reads from the database, in one round trip. Both halves use partial
--- indexes (cyclone_steps_dead_idx, cyclone_runs_active_idx), so the cost follows the DLQ and
--- the live runs, not history.
-SELECT 'dlq' AS metric, error_kind AS label, count(*) AS value
+-- The gauges /metrics reads from the database, in one round trip. Every part uses a partial
+-- index (cyclone_steps_dead_idx, cyclone_runs_active_idx, cyclone_steps_available_idx), so
+-- the cost follows the DLQ, the live runs and the due steps (counted up to %(cap)s), not
+-- history. Unserved runs: see _unserved_runs (status.sql).
+WITH due AS (
+-- include: _due_steps
+ LIMIT %(cap)s
+), unserved AS (
+-- include: _unserved_runs
+)
+SELECT 'dlq' AS metric, error_kind AS label, count(*)::float8 AS value
   FROM cyclone_steps WHERE state = 'dead' GROUP BY error_kind
 UNION ALL
 SELECT 'runs', state, count(*)
-  FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state;
+  FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state
+UNION ALL
+SELECT 'due', 'steps', count(*) FROM due
+UNION ALL
+SELECT 'due', 'oldest_age', coalesce(extract(epoch FROM now() - min(available_at)), 0) FROM due
+UNION ALL
+SELECT 'unserved', workflow, runs FROM unserved;

@@ -61,17 +61,53 @@ SELECT state, count(*), true
   FROM cyclone_runs WHERE finished_at >= now() - make_interval(secs => %(window)s)
  GROUP BY state;
 
+-- name: _due_steps
+-- A fragment: steps a worker could lease now (as step_lease picks them): available, due, of
+-- a running run whose deadline has not passed. A paused run's steps wait for its resume, not
+-- for workers, so they are not due. The partial index of available steps gives the order;
+-- each is checked against its run by primary key.
+SELECT s.available_at FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+ WHERE s.state = 'available' AND s.available_at <= now() AND r.state = 'running'
+   AND (r.deadline_at IS NULL OR r.deadline_at > now())
+ ORDER BY s.available_at, s.id
+
 -- name: status_queue
 -- Steps due to be leased now, counted up to %(cap)s (a backlog bigger than that is reported
 -- as "more than", so a large backlog costs no more than a small one), the oldest one's age (how
--- far behind the workers are), and the steps leased right now. All through partial indexes.
-SELECT (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps
-                               WHERE state = 'available' AND available_at <= now()
-                               ORDER BY available_at, id
-                               LIMIT %(cap)s) AS due) AS due,
-       (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM cyclone_steps
-         WHERE state = 'available' AND available_at <= now()) AS oldest_due_age,
+-- far behind the workers are), and the steps leased right now.
+WITH due AS (
+-- include: _due_steps
+ LIMIT %(cap)s
+)
+SELECT (SELECT count(*) FROM due) AS due,
+       (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM due) AS oldest_due_age,
        (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS running;
+
+-- name: _unserved_runs
+-- A fragment: running runs, by workflow, that no live supervisor's workers lease: their steps
+-- wait with workers idle (a workflow added to a module a SIGHUP could not re-import, say).
+-- A supervisor serves the names it publishes (NULL, from before migration 8: every name);
+-- %(served)s are names served besides (the asking supervisor's own, its row skipped by
+-- %(self_id)s). With no live supervisor at all, nothing is reported: that is another alarm.
+SELECT r.workflow, count(*) AS runs
+  FROM cyclone_runs r
+ WHERE r.state = 'running' AND r.workflow <> ALL (%(served)s::text[])
+   AND NOT EXISTS (SELECT 1 FROM cyclone_supervisors s
+                    WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+                      AND s.id IS DISTINCT FROM %(self_id)s::text
+                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows)))
+   AND (cardinality(%(served)s::text[]) > 0
+        OR EXISTS (SELECT 1 FROM cyclone_supervisors s
+                    WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)))
+ GROUP BY r.workflow
+
+-- name: status_unserved
+-- Running runs of workflows no live supervisor serves, most runs first.
+SELECT workflow, runs FROM (
+-- include: _unserved_runs
+) AS unserved
+ ORDER BY runs DESC, workflow
+ LIMIT %(limit)s;
 
 -- name: status_dlq_depth
 -- The DLQ by reason, through the partial index on dead steps.

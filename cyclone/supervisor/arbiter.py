@@ -143,7 +143,11 @@ class Arbiter:
             log.info("workers: %d", self.target, extra={"action": "resize"})
 
     def handle_hup(self) -> None:
-        if self.reload is None or self.draining:
+        if self.reload is None:
+            log.warning("SIGHUP ignored: started without --config, there is nothing to reload")
+            return
+        if self.draining:
+            log.warning("SIGHUP ignored: draining")
             return
         try:
             config, factory = self.reload()

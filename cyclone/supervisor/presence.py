@@ -65,6 +65,7 @@ class Snapshot:
     target: int
     uptime: float
     workers: list[dict[str, Any]] = field(default_factory=list)
+    workflows: list[str] | None = None  # the names its workers lease; None: not known
 
     def params(self, supervisor_id: str, host: str, pid: int) -> dict[str, Any]:
         columns = ("slot", "pid", "step_id", "run_id", "workflow", "node", "attempt", "busy_for")
@@ -74,13 +75,19 @@ class Snapshot:
                 params[c + "s" if c != "busy_for" else c].append(row[c])
         params.update(
             id=supervisor_id, host=host, pid=pid, target=self.target, uptime=self.uptime,
-            state="draining" if self.draining else "running",
+            state="draining" if self.draining else "running", served=self.workflows,
         )  # fmt: skip
         return params
 
 
 def snapshot(
-    children: Iterable[WorkerHandle], *, draining: bool, target: int, uptime: float, now: float
+    children: Iterable[WorkerHandle],
+    *,
+    draining: bool,
+    target: int,
+    uptime: float,
+    now: float,
+    workflows: Iterable[str] | None = None,
 ) -> Snapshot:
     """One row per worker slot. During a reload an old and a new worker can share a slot
     number for a moment: the busy one (then the newer one) is shown."""
@@ -103,7 +110,8 @@ def snapshot(
             "attempt": lease.attempt if lease else None,
             "busy_for": max(now - lease.leased_at, 0.0) if lease else None,
         })  # fmt: skip
-    return Snapshot(draining=draining, target=target, uptime=uptime, workers=rows)
+    served = None if workflows is None else sorted(workflows)
+    return Snapshot(draining=draining, target=target, uptime=uptime, workers=rows, workflows=served)
 
 
 Connect = Callable[[], psycopg.Connection[Any]]
