@@ -80,11 +80,10 @@ RETURNING s.id;
 -- name: metrics_gauges
 -- The gauges /metrics reads from the database, in one round trip. Every part uses a partial
 -- index (cyclone_steps_dead_idx, cyclone_runs_active_idx, cyclone_steps_available_idx), so
--- the cost follows the DLQ, the live runs and the due steps (counted up to %(cap)s), not
--- history. Unserved runs: see _unserved_runs (status.sql).
+-- the cost follows the DLQ, the live runs and the due steps (see _due_counts), not history.
+-- Unserved runs: see _unserved_runs (status.sql).
 WITH due AS (
--- include: _due_steps
- LIMIT %(cap)s
+-- include: _due_counts
 ), unserved AS (
 -- include: _unserved_runs
 )
@@ -94,8 +93,8 @@ UNION ALL
 SELECT 'runs', state, count(*)
   FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state
 UNION ALL
-SELECT 'due', 'steps', count(*) FROM due
+SELECT 'due', 'steps', due FROM due
 UNION ALL
-SELECT 'due', 'oldest_age', coalesce(extract(epoch FROM now() - min(available_at)), 0) FROM due
+SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
 UNION ALL
 SELECT 'unserved', workflow, runs FROM unserved;

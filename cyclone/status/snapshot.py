@@ -90,8 +90,7 @@ def take_snapshot(
     finished: dict[str, int] = {"completed": 0, "failed": 0, "cancelled": 0}
     for r in got.get("status_runs_by_state", []):
         (finished if r["recent"] else live)[r["state"]] = r["runs"]
-    queue = got.get("status_queue", [{"due": 0}])[0]
-    queue["due_capped"] = queue["due"] >= MAX_DUE_COUNT
+    queue = got.get("status_queue", [{"due": 0, "due_capped": False}])[0]
     paused = got.get("status_paused_runs", [])
     return Snapshot(
         taken_at=got["clock_now"][0]["now"],
