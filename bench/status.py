@@ -166,7 +166,10 @@ def main() -> None:
         report("take_snapshot (all queries)", timed(lambda: take_snapshot(env.conn), args.repeat))
         snap = take_snapshot(env.conn)
         report("render to text", timed(lambda: _render_text(render(snap)), args.repeat))
-        params = {"limit": 10, "window": 3600.0, "cap": 10_000}
+        params = {
+            "limit": 10, "window": 3600.0, "cap": 10_000, "served": [], "self_id": None,
+            "lost_after": 10.0,
+        }  # fmt: skip
         if args.explain:
             for name in sorted(q for q in QUERIES if q.startswith("status_")):
                 if name == "status_begin":

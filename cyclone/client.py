@@ -24,7 +24,7 @@ from cyclone.db import (
 )
 from cyclone.engine.graphs import current_graph, register_workflows
 from cyclone.errors import RunNotFound, StepNotFound
-from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
+from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS
 from cyclone.workflow import Graph, Workflow
@@ -217,6 +217,14 @@ class Client:
         if row is None:
             raise StepNotFound(f"no step {step_id!r}")
         return StepInfo.from_row(row)
+
+    def attempts(self, step_id: int) -> list[AttemptInfo]:
+        """Every failed, killed or dead-lettered attempt of a step, oldest first: the step's
+        own `error` holds only the latest, and a DLQ retry clears it."""
+        step = self.step(step_id)  # StepNotFound for a bad or unknown id
+        with self.connection() as c:
+            rows = c.execute(QUERIES["step_attempts"], {"step_id": step.id}).fetchall()
+        return [AttemptInfo.from_row(r) for r in rows]
 
     def exhausted(self, query: ExhaustedQuery | None = None) -> list[StepInfo]:
         """The DLQ: dead steps, newest first."""

@@ -94,6 +94,29 @@ class StepInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """One failed, killed or dead-lettered attempt of a step (`Client.attempts`)."""
+
+    attempt: int
+    error_kind: ErrorKind
+    error: str | None
+    worker: str | None
+    started_at: datetime | None
+    ended_at: datetime
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> AttemptInfo:
+        return cls(
+            attempt=row["attempt"],
+            error_kind=ErrorKind(row["error_kind"]),
+            error=row["error"],
+            worker=row["worker"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ExhaustedQuery:
     """A DLQ filter: dead steps by error kind, workflow and age."""
 

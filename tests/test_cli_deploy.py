@@ -40,7 +40,13 @@ SPEC_METRICS = {
 }
 # Beyond section 9: whether the supervisor's database reads succeed (exported with the
 # database gauges), and Prometheus's own scrape health.
-EXTRA_METRICS = {"cyclone_db_up", "up"}
+EXTRA_METRICS = {
+    "cyclone_db_up",
+    "up",
+    "cyclone_steps_due",
+    "cyclone_steps_due_oldest_seconds",
+    "cyclone_runs_unserved",
+}
 HISTOGRAMS = {"cyclone_step_duration_seconds"}
 _NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
 
@@ -95,6 +101,7 @@ def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
         "CycloneLeaseReclaimsHigh",
         "CycloneScannerStalled",
         "CycloneOldestAvailableStepTooOld",
+        "CycloneRunsUnserved",
     }
     used = set()
     for name, expr in rules.items():

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from cyclone.engine import FINISHED
 from cyclone.states import ErrorKind
 from cyclone.supervisor import channel
 from cyclone.supervisor.arbiter import (
@@ -15,6 +16,7 @@ from cyclone.supervisor.arbiter import (
     EXIT_HALTED,
     FAST_EXIT,
     MAX_BOOT_FAILURES,
+    REPORT_WAIT,
     Arbiter,
     ArbiterConfig,
 )
@@ -88,6 +90,7 @@ class FakeStore:
         self.revoked_calls = 0
         self.swept = 0
         self.sweep_revokes: dict[int, str | None] = {}
+        self.released: list[tuple[int, str]] = []
 
     def revoked(self, held: Mapping[int, str]) -> dict[int, str | None]:
         self.revoked_calls += 1
@@ -101,6 +104,10 @@ class FakeStore:
         self.swept += 1
         self.revocations.update(self.sweep_revokes)
         return len(self.sweep_revokes)
+
+    def release_step(self, step_id: int, token: str) -> bool:
+        self.released.append((step_id, token))
+        return True
 
 
 class FakeFactory:
@@ -327,6 +334,40 @@ def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harn
     assert h.ops.signals_to(pid) == []
 
 
+def test_a_step_its_worker_recorded_but_has_not_reported_yet_kills_nobody(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: FINISHED}  # recorded; the done line is still on its way
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    h.clock.advance(REPORT_WAIT / 2)
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.clock.advance(REPORT_WAIT)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
+
+
+def test_a_worker_that_never_reports_a_step_it_recorded_is_killed_after_report_wait(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: FINISHED}
+    h.arbiter.on_notify()
+    h.arbiter.tick()
+    h.clock.advance(REPORT_WAIT - 0.01)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    assert h.arbiter.next_wakeup() <= h.clock() + 0.01  # the re-check is scheduled
+    h.clock.advance(0.01)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    assert h.arbiter.kills == {KillReason.CANCEL: 1}
+
+
 def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_crashed(
     h: Harness,
 ) -> None:
@@ -519,9 +560,33 @@ def test_a_drain_past_shutdown_timeout_kills_and_releases(h: Harness) -> None:
     for pid in list(h.arbiter.children):
         h.ops.exits.append((pid, KILLED))
     h.arbiter.tick()
-    assert [(f[0], f[2]) for f in h.store.failed] == [(7, ErrorKind.CRASHED)]
+    # A planned stop is not the step's doing: released, its attempt not spent.
+    assert h.store.failed == []
+    assert h.store.released == [(7, "tok-7")]
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.arbiter.kills[KillReason.SHUTDOWN] == 3
+
+
+def test_a_second_stop_signal_releases_the_steps_it_kills(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=None)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    for pid in list(h.arbiter.children):
+        h.ops.exits.append((pid, KILLED))
+    h.arbiter.tick()
+    assert (h.store.failed, h.store.released) == ([], [(7, "tok-7")])
+
+
+def test_a_timeout_kill_ordered_before_the_stop_still_records_its_timeout(h: Harness) -> None:
+    pids = h.started()
+    h.lease(pids[0], kill_after=1.0)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.arbiter.handle_signal(signal.SIGTERM)
+    h.exit(pids[0], KILLED)
+    assert [f[2] for f in h.store.failed] == [ErrorKind.TIMEOUT] and h.store.released == []
 
 
 def test_a_second_sigint_kills_at_once(h: Harness) -> None:

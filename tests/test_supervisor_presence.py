@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
 from cyclone.scanner.presence import StalePresenceSweep
 from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
-from cyclone.supervisor.presence import PUBLISH_INTERVAL, STALE_AFTER, Presence, snapshot
+from cyclone.supervisor.presence import (
+    KILL_MARGIN,
+    MAX_SILENCE,
+    PUBLISH_INTERVAL,
+    PUBLISH_MARGIN,
+    STALE_AFTER,
+    Presence,
+    snapshot,
+)
 from cyclone.supervisor.store import connect_briefly
 from cyclone.testing import TestEnv
 
@@ -94,13 +103,48 @@ def test_a_slot_shared_during_a_reload_shows_the_busy_worker() -> None:
 def test_publishing_waits_for_changes_the_interval_and_any_kill_that_may_fall_due() -> None:
     presence = Presence(lambda: None, host="h", pid=1)  # type: ignore[arg-type,return-value]
     assert presence.due(0.0, None)
-    presence.last_try, presence.changed = 10.0, False
+    presence.last_try, presence.last_published, presence.changed = 10.0, 10.0, False
     assert not presence.due(10.0 + PUBLISH_INTERVAL / 2, None)
     assert presence.due(10.0 + PUBLISH_INTERVAL, None)
     presence.mark_changed()
     assert presence.due(10.6, None)
     # A kill due in one second: the publish (which may block on a connect) waits.
     assert not presence.due(10.6, next_kill_at=11.6)
+
+
+def test_a_kill_always_close_by_delays_a_publish_by_at_most_max_silence(env: TestEnv) -> None:
+    presence = Presence(lambda: connect_briefly(env.dsn), host="h", pid=1)
+    snap = snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0)
+    assert presence.publish(snap, 10.0)
+    # On the kept connection a publish is one statement: only a kill closer than that waits.
+    assert presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN + 0.1)
+    assert not presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN - 0.1)
+    # Steps with short timeouts back to back: some kill is always close. Liveness still goes
+    # out once MAX_SILENCE has passed.
+    assert not presence.due(10.0 + MAX_SILENCE - 0.1, next_kill_at=10.0 + MAX_SILENCE)
+    assert presence.due(10.0 + MAX_SILENCE, next_kill_at=10.0 + MAX_SILENCE + 0.01)
+    presence.session.close()  # without the connection, a publish may also have to connect
+    assert not presence.due(12.0, next_kill_at=12.0 + PUBLISH_MARGIN + 0.1)
+    assert presence.due(12.0, next_kill_at=12.0 + KILL_MARGIN + 0.1)
+    presence.withdraw()
+
+
+def test_the_scanner_never_removes_a_live_supervisor_however_long_unseen(env: TestEnv) -> None:
+    live = Presence(lambda: connect_briefly(env.dsn), host="live", pid=1)
+    dead = Presence(lambda: connect_briefly(env.dsn), host="dead", pid=2)
+    try:
+        for presence in (live, dead):
+            snap = snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0)
+            presence.publish(snap, 0)
+        dead.close()  # its connection (and lock) went with its process
+        later = env.conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
+        assert sweep_when_gone(env, now=later, held=1) == 1
+        assert [s["host"] for s in rows(env, "cyclone_supervisors")] == ["live"]
+        live.close()  # its lock is gone: now it is dead too
+        assert sweep_when_gone(env, now=later) == 1
+    finally:
+        live.close()
+        dead.close()
 
 
 def test_a_failed_publish_is_retried_later_and_never_raises(env: TestEnv) -> None:
@@ -113,6 +157,19 @@ def test_a_failed_publish_is_retried_later_and_never_raises(env: TestEnv) -> Non
     presence.withdraw()  # never published: nothing to do
 
 
+def sweep_when_gone(env: TestEnv, now: object = None, held: int = 0) -> int:
+    """One sweep, once closed presence connections are gone on the server too (a backend
+    releases its session lock as it exits, a moment after its client closed it)."""
+    claimed = (
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+        " AND classid = hashtext(current_schema() || '.cyclone_supervisors')::oid"
+    )
+    deadline = time.monotonic() + 10
+    while env.conn.execute(claimed).fetchone()["n"] > held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return StalePresenceSweep(batch_size=10).run_once(env.conn, now=now)  # type: ignore[arg-type]
+
+
 def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv) -> None:
     for name in ("alive", "dead"):
         presence = Presence(lambda: connect_briefly(env.dsn), host=name, pid=1)
@@ -122,11 +179,10 @@ def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv
         "UPDATE cyclone_supervisors SET seen_at = now() - make_interval(secs => %s)"
         " WHERE host = 'dead'", [STALE_AFTER + 1],
     )  # fmt: skip
-    sweep = StalePresenceSweep(batch_size=10)
-    assert sweep.run_once(env.conn) == 1
+    assert sweep_when_gone(env) == 1
     assert [s["host"] for s in rows(env, "cyclone_supervisors")] == ["alive"]
     assert len(rows(env, "cyclone_workers")) == 1  # the dead one's workers went by cascade
     # With a fixed `now` far enough ahead, the live one is stale too.
     later = env.conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
-    assert sweep.run_once(env.conn, now=later) == 1
+    assert sweep_when_gone(env, now=later) == 1
     assert rows(env, "cyclone_supervisors") == []

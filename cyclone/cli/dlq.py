@@ -54,6 +54,18 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--deadline", type=positive_duration_arg, help="new run deadline, e.g. 30m")
     p.set_defaults(run=retry)
 
+    p = dsub.add_parser(
+        "attempts",
+        parents=common,
+        help="every failed attempt of a step, oldest first (dead or not)",
+        description=(
+            "Every failed, killed or dead-lettered attempt of a step, oldest first, with its "
+            "whole error: the step row keeps only the latest error, and a retry clears it."
+        ),
+    )
+    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID")
+    p.set_defaults(run=attempts)
+
 
 def list_dead(session: Session, args: argparse.Namespace) -> int:
     since = None if args.since is None else timedelta(seconds=args.since)
@@ -97,4 +109,23 @@ def retry(session: Session, args: argparse.Namespace) -> int:
     steps = ", ".join(str(s) for s in done.step_ids)
     deadline = f"; deadline {when(done.deadline_at)}" if done.deadline_at else ""
     message(f"run {done.run_id} ({done.workflow}) is running again: steps {steps}{deadline}")
+    return OK
+
+
+def attempts(session: Session, args: argparse.Namespace) -> int:
+    client = session.client()
+    step = client.step(args.step_id)
+    history = client.attempts(step.id)
+    if args.json:
+        emit_json(history)
+        return OK
+    # One record per attempt, the error on its own lines: never cut, at any width.
+    print(f"step {step.id} ({step.workflow}/{step.label}) {step.state}, attempt {step.attempt}")
+    for a in history:
+        worker = f"  on {a.worker}" if a.worker else ""
+        print(f"attempt {a.attempt}  {a.error_kind}  {when(a.ended_at)}{worker}")
+        for line in (a.error or "").splitlines() or [""]:
+            print(f"    {line}")
+    if not history:
+        message(f"step {step.id} has no failed attempt")
     return OK

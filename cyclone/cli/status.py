@@ -60,6 +60,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "dlq": {"total": snap.dlq_total, "by_reason": snap.dlq},
         "deadline_failures": snap.deadline_failures,
         "paused": {"total": snap.paused_total, "runs": snap.paused},
+        "unserved": snap.unserved,
     }
 
 

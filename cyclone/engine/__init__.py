@@ -10,6 +10,7 @@ from __future__ import annotations
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
 from cyclone.engine.steps import (
+    FINISHED,
     Lease,
     complete_and_lease,
     complete_step,
@@ -32,6 +33,7 @@ from cyclone.engine.sweeps import (
 )
 
 __all__ = [
+    "FINISHED",
     "SWEEPS",
     "Lease",
     "cancel_run",

@@ -518,8 +518,14 @@ def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None =
     return row.fetchone() is not None
 
 
+# What `revoked_leases` says of a lease its holder ended itself by recording the step.
+FINISHED = "finished"
+
+
 def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]:
-    """Of the (step id -> token) leases held, those no longer valid, with the step's error kind."""
+    """Of the (step id -> token) leases held, those no longer valid, with why: the step's error
+    kind (None when unknown: the step is gone or its run ended), or FINISHED when the holder
+    recorded it itself (its report may still be on its way)."""
     if not held:
         return {}
     rows = conn.execute(
@@ -529,10 +535,11 @@ def revoked_leases(conn: Conn, held: Mapping[int, str]) -> dict[int, str | None]
             "tokens": list(held.values()),
         },
     ).fetchall()
-    return {r["step_id"]: r["error_kind"] for r in rows}
+    return {r["step_id"]: r["reason"] for r in rows}
 
 
 __all__ = [
+    "FINISHED",
     "Lease",
     "complete_and_lease",
     "complete_step",

@@ -40,6 +40,19 @@ RETURNING id, workflow, graph_hash, deadline_at;
 -- (a child node starts a new child run; the old one was cancelled or failed); waits and sleeps
 -- wait again with a fresh due_at from their node (%(nodes)s / %(dues)s, NULL: no max_wait).
 -- Nodes that never got a step get one as their dependencies complete, as always.
+-- The errors cleared here stay in cyclone_step_attempts: the statements that dead-letter a
+-- step write them there; `kept` adds any one that is not there yet (a child run's failure).
+WITH kept AS (
+    INSERT INTO cyclone_step_attempts
+           (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)
+    SELECT s.id, s.run_id, s.attempt, s.error_kind, s.error, s.leased_by, s.started_at,
+           s.completed_at
+      FROM cyclone_steps s
+     WHERE s.run_id = %(run_id)s AND s.node = ANY(%(nodes)s::text[]) AND s.state = 'dead'
+       AND NOT EXISTS (SELECT 1 FROM cyclone_step_attempts a
+                        WHERE a.step_id = s.id AND a.error_kind = s.error_kind
+                          AND a.ended_at = s.completed_at)
+)
 UPDATE cyclone_steps s
    SET state = CASE WHEN s.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
        attempt = 0, error = NULL, error_kind = NULL, output = NULL,
@@ -53,3 +66,9 @@ UPDATE cyclone_steps s
   FROM unnest(%(nodes)s::text[], %(dues)s::float8[]) AS g (node, due)
  WHERE s.run_id = %(run_id)s AND s.node = g.node AND s.state IN ('dead', 'discarded')
 RETURNING s.id, s.node, s.kind, s.signal, s.state, s.item_index;
+
+-- name: step_attempts
+-- A step's failed, killed and dead-lettered attempts, oldest first (cyclone_step_attempts).
+SELECT attempt, error_kind, error, worker, started_at, ended_at
+  FROM cyclone_step_attempts WHERE step_id = %(step_id)s
+ ORDER BY id;

@@ -8,11 +8,13 @@
 -- durations measured on the supervisor's monotonic clock; the timestamps come from this
 -- database's clock, like every other time Cyclone stores.
 WITH sup AS (
-    INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at)
+    INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at,
+                                          workflows)
     VALUES (%(id)s, %(host)s, %(pid)s, %(state)s, %(target)s,
-            now() - make_interval(secs => %(uptime)s), now())
+            now() - make_interval(secs => %(uptime)s), now(), %(served)s::text[])
     ON CONFLICT (id) DO UPDATE
-       SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now()
+       SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now(),
+           workflows = EXCLUDED.workflows
     RETURNING s.id
 ), gone AS (
     DELETE FROM cyclone_workers
@@ -43,6 +45,13 @@ ON CONFLICT (supervisor_id, slot) DO UPDATE
                          THEN cw.busy_since ELSE EXCLUDED.busy_since END,
        seen_at = now();
 
+-- name: presence_claim
+-- Run once on each new presence connection: a session lock named by the supervisor's id,
+-- held for as long as that connection lives, which the stale sweep reads as "alive". (Behind
+-- a transaction-mode pooler the lock stays with the server connection it landed on, so a
+-- dead supervisor's rows may outlive it until the pooler closes that connection.)
+SELECT pg_advisory_lock(hashtext(current_schema() || '.cyclone_supervisors'), hashtext(%(id)s));
+
 -- name: presence_delete
 -- A supervisor leaving cleanly; its workers' rows go with it (ON DELETE CASCADE).
 DELETE FROM cyclone_supervisors WHERE id = %(id)s;
@@ -50,9 +59,17 @@ DELETE FROM cyclone_supervisors WHERE id = %(id)s;
 -- name: presence_delete_stale
 -- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
 -- by cascade, their workers. The table holds one row per supervisor, so no index is needed.
+-- One whose presence connection still holds its lock (presence_claim) is alive, however long
+-- its loop went without publishing: it stays.
 WITH due AS (
     SELECT id FROM cyclone_supervisors
      WHERE seen_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_after)s)
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.classid = hashtext(current_schema() || '.cyclone_supervisors')::oid
+              AND l.objid = hashtext(cyclone_supervisors.id)::oid)
      ORDER BY seen_at
      LIMIT %(batch_size)s
        FOR UPDATE SKIP LOCKED
@@ -61,11 +78,23 @@ DELETE FROM cyclone_supervisors s USING due WHERE s.id = due.id
 RETURNING s.id;
 
 -- name: metrics_gauges
--- The gauges /metrics reads from the database, in one round trip. Both halves use partial
--- indexes (cyclone_steps_dead_idx, cyclone_runs_live_idx), so the cost follows the DLQ and
--- the live runs, not history.
-SELECT 'dlq' AS metric, error_kind AS label, count(*) AS value
+-- The gauges /metrics reads from the database, in one round trip. Every part uses a partial
+-- index (cyclone_steps_dead_idx, cyclone_runs_live_idx, cyclone_steps_available_idx), so
+-- the cost follows the DLQ, the live runs and the due steps (see _due_counts), not history.
+-- Unserved runs: see _unserved_runs (status.sql).
+WITH due AS (
+-- include: _due_counts
+), unserved AS (
+-- include: _unserved_runs
+)
+SELECT 'dlq' AS metric, error_kind AS label, count(*)::float8 AS value
   FROM cyclone_steps WHERE state = 'dead' GROUP BY error_kind
 UNION ALL
 SELECT 'runs', state, count(*)
-  FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state;
+  FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state
+UNION ALL
+SELECT 'due', 'steps', due FROM due
+UNION ALL
+SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
+UNION ALL
+SELECT 'unserved', workflow, runs FROM unserved;

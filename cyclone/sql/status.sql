@@ -86,16 +86,58 @@ SELECT state, count(*), true
   FROM cyclone_runs WHERE finished_at >= now() - make_interval(secs => %(window)s)
  GROUP BY state;
 
+-- name: _due_counts
+-- A fragment: the steps a worker could lease now, counted up to %(cap)s (a backlog bigger
+-- than that is reported as "more than", so a large backlog costs no more than a small one),
+-- and the oldest one's age: how far behind the workers are. A paused run's steps wait for its
+-- resume, not for workers, so they are not due. Counted as all due steps (the partial index
+-- of available steps, unordered, so any plan stops at the cap) less those of paused runs (few
+-- runs, each read by its run_id): joining every due step to its run cost 60 times more on
+-- 100,000 runs. The oldest comes from cyclone_oldest_due (migration 7), whose plan walks the
+-- candidate index in order whatever the statistics say.
+SELECT greatest(a.n - p.n, 0) AS due, a.n >= %(cap)s AS due_capped,
+       extract(epoch FROM now() - cyclone_oldest_due(now()))::float8 AS oldest_due_age
+  FROM (SELECT count(*) AS n FROM (SELECT 1 FROM cyclone_steps
+                                    WHERE state = 'available' AND available_at <= now()
+                                    LIMIT %(cap)s) AS due) AS a,
+       (SELECT count(*) AS n FROM (SELECT 1 FROM cyclone_runs r
+                                     JOIN cyclone_steps s ON s.run_id = r.id
+                                    WHERE r.state = 'paused' AND s.state = 'available'
+                                      AND s.available_at <= now()
+                                    LIMIT %(cap)s) AS held) AS p
+
 -- name: status_queue
--- Steps due to be leased now, counted up to %(cap)s (a backlog bigger than that is reported
--- as "more than", so a large backlog costs no more than a small one), the oldest one's age (how
--- far behind the workers are), and the steps leased right now. All through partial indexes.
-SELECT (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps
-                               WHERE state = 'available' AND available_at <= now()
-                               LIMIT %(cap)s) AS due) AS due,
-       (SELECT extract(epoch FROM now() - min(available_at))::float8 FROM cyclone_steps
-         WHERE state = 'available' AND available_at <= now()) AS oldest_due_age,
-       (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS running;
+-- The queue (see _due_counts), and the steps leased right now.
+SELECT q.*, (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS running
+  FROM (
+-- include: _due_counts
+) AS q;
+
+-- name: _unserved_runs
+-- A fragment: running runs, by workflow, that no live supervisor's workers lease: their steps
+-- wait with workers idle (a workflow added to a module a SIGHUP could not re-import, say).
+-- A supervisor serves the names it publishes (NULL, from before migration 8: every name);
+-- %(served)s are names served besides (the asking supervisor's own, its row skipped by
+-- %(self_id)s). With no live supervisor at all, nothing is reported: that is another alarm.
+SELECT r.workflow, count(*) AS runs
+  FROM cyclone_runs r
+ WHERE r.state = 'running' AND r.workflow <> ALL (%(served)s::text[])
+   AND NOT EXISTS (SELECT 1 FROM cyclone_supervisors s
+                    WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+                      AND s.id IS DISTINCT FROM %(self_id)s::text
+                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows)))
+   AND (cardinality(%(served)s::text[]) > 0
+        OR EXISTS (SELECT 1 FROM cyclone_supervisors s
+                    WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)))
+ GROUP BY r.workflow
+
+-- name: status_unserved
+-- Running runs of workflows no live supervisor serves, most runs first.
+SELECT workflow, runs FROM (
+-- include: _unserved_runs
+) AS unserved
+ ORDER BY runs DESC, workflow
+ LIMIT %(limit)s;
 
 -- name: status_dlq_depth
 -- The DLQ by reason, through the partial index on dead steps.

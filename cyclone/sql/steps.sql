@@ -165,24 +165,36 @@ WITH run AS (
 
 -- name: step_fail
 -- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.
+-- The attempt's error is kept in cyclone_step_attempts: the row's own error is overwritten by
+-- the next failure and cleared by a completion or a DLQ retry.
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = (SELECT run_id FROM cyclone_steps
                                              WHERE id = %(step_id)s)
        FOR NO KEY UPDATE
+), failed AS (
+    UPDATE cyclone_steps s
+       SET state = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN 'available'
+                        ELSE 'dead' END,
+           available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(
+               secs => least(%(backoff_cap)s,
+                             %(backoff_base)s * power(2, greatest(s.attempt - 1, 0)))
+                       * (0.5 + random() * 0.5)),
+           completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
+                               ELSE coalesce(%(now)s::timestamptz, now()) END,
+           error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL,
+           gated_at = coalesce(%(now)s::timestamptz, now())
+      FROM run
+     WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
+       AND s.run_id = run.id
+    RETURNING s.id, s.run_id, s.node, s.state, s.attempt, s.leased_by, s.started_at
+), kept AS (
+    INSERT INTO cyclone_step_attempts
+           (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)
+    SELECT id, run_id, attempt, %(kind)s, %(error)s, leased_by, started_at,
+           coalesce(%(now)s::timestamptz, now())
+      FROM failed
 )
-UPDATE cyclone_steps s
-   SET state = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
-       available_at = coalesce(%(now)s::timestamptz, now()) + make_interval(
-           secs => least(%(backoff_cap)s, %(backoff_base)s * power(2, greatest(s.attempt - 1, 0)))
-                   * (0.5 + random() * 0.5)),
-       completed_at = CASE WHEN %(retry)s AND s.attempt < s.max_attempts THEN NULL
-                           ELSE coalesce(%(now)s::timestamptz, now()) END,
-       error = %(error)s, error_kind = %(kind)s, lease_token = NULL, lease_expires_at = NULL,
-       gated_at = coalesce(%(now)s::timestamptz, now())
-  FROM run
- WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
-   AND s.run_id = run.id
-RETURNING s.run_id, s.node, s.state;
+SELECT run_id, node, state FROM failed;
 
 -- name: step_release_items
 -- A map's fan-out row becomes its first item, ready to lease.
@@ -252,7 +264,17 @@ SELECT item_index FROM cyclone_steps
 -- name: step_revoked
 -- Of the leases a supervisor's workers hold, those no longer valid, with why.
 -- A token is set only while its step runs (a CHECK says so), so the token alone decides.
-SELECT h.step_id, s.error_kind
+-- A lease also ends when its holder records the step, a moment before the holder's `done`
+-- line reaches the supervisor: `finished` says so. Only revocations leave a step discarded
+-- (cancel, run failed elsewhere), gone (retention), or with one of the kinds below; whatever
+-- else the holder wrote (completed, a failure to retry, parked, released) is its own doing.
+SELECT h.step_id,
+       CASE WHEN s.state IN ('completed', 'waiting')
+                 OR (s.state IN ('available', 'running', 'dead')
+                     AND s.error_kind IS DISTINCT FROM 'cancelled'
+                     AND s.error_kind IS DISTINCT FROM 'deadline'
+                     AND s.error_kind IS DISTINCT FROM 'lease_expired')
+            THEN 'finished' ELSE s.error_kind::text END AS reason
   FROM unnest(%(step_ids)s::bigint[], %(tokens)s::uuid[]) AS h (step_id, token)
   LEFT JOIN cyclone_steps s ON s.id = h.step_id
  WHERE s.id IS NULL OR s.lease_token IS DISTINCT FROM h.token;

@@ -26,7 +26,14 @@ WITH due AS (
            lease_token = NULL, lease_expires_at = NULL
       FROM failed
      WHERE s.run_id = failed.id AND s.state IN ('available', 'running', 'waiting')
- RETURNING s.id, s.child_run_id
+ RETURNING s.id, s.run_id, s.child_run_id, s.attempt, s.leased_by, s.started_at
+), kept AS (
+    -- Kept in the history too: a DLQ retry clears the step's own error.
+    INSERT INTO cyclone_step_attempts
+           (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)
+    SELECT id, run_id, attempt, 'deadline', 'run deadline exceeded', leased_by, started_at,
+           coalesce(%(now)s::timestamptz, now())
+      FROM dead
 )
 SELECT (SELECT coalesce(array_agg(id), '{}') FROM failed) AS run_ids,
        (SELECT coalesce(array_agg(child_run_id), '{}') FROM dead
@@ -45,19 +52,27 @@ WITH due AS (
 ), locked AS (
     SELECT id FROM cyclone_runs WHERE id IN (SELECT run_id FROM due)
        FOR NO KEY UPDATE SKIP LOCKED
+), reclaimed AS (
+    UPDATE cyclone_steps s
+       SET state = CASE WHEN s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
+           available_at = coalesce(%(now)s::timestamptz, now()),
+           completed_at = CASE WHEN s.attempt < s.max_attempts THEN NULL
+                               ELSE coalesce(%(now)s::timestamptz, now()) END,
+           error_kind = 'lease_expired',
+           error = 'lease expired on attempt ' || s.attempt || ' (held by ' || coalesce(s.leased_by, '?') || ')',
+           lease_token = NULL, lease_expires_at = NULL
+      FROM due JOIN locked ON locked.id = due.run_id
+     WHERE s.id = due.id AND s.state = 'running'
+       AND s.lease_expires_at < coalesce(%(now)s::timestamptz, now())
+    RETURNING s.id, s.run_id, s.state, s.attempt, s.error, s.leased_by, s.started_at
+), kept AS (
+    INSERT INTO cyclone_step_attempts
+           (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)
+    SELECT id, run_id, attempt, 'lease_expired', error, leased_by, started_at,
+           coalesce(%(now)s::timestamptz, now())
+      FROM reclaimed
 )
-UPDATE cyclone_steps s
-   SET state = CASE WHEN s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
-       available_at = coalesce(%(now)s::timestamptz, now()),
-       completed_at = CASE WHEN s.attempt < s.max_attempts THEN NULL
-                           ELSE coalesce(%(now)s::timestamptz, now()) END,
-       error_kind = 'lease_expired',
-       error = 'lease expired on attempt ' || s.attempt || ' (held by ' || coalesce(s.leased_by, '?') || ')',
-       lease_token = NULL, lease_expires_at = NULL
-  FROM due JOIN locked ON locked.id = due.run_id
- WHERE s.id = due.id AND s.state = 'running'
-   AND s.lease_expires_at < coalesce(%(now)s::timestamptz, now())
-RETURNING s.id, s.run_id, s.state;
+SELECT id, run_id, state FROM reclaimed;
 
 -- name: wait_expire
 -- Waits and child nodes parked longer than their max_wait are dead-lettered.
@@ -72,17 +87,24 @@ WITH due AS (
     SELECT id FROM cyclone_runs
      WHERE id IN (SELECT run_id FROM due) AND state = 'running'
        FOR NO KEY UPDATE SKIP LOCKED
+), expired AS (
+    UPDATE cyclone_steps s
+       SET state = 'dead', error_kind = 'max_wait',
+           error = CASE s.kind WHEN 'wait' THEN 'no signal ' || quote_literal(s.signal)
+                                                || ' within max_wait'
+                           ELSE 'child run ' || s.child_run_id
+                                || ' did not finish within max_wait'
+                   END,
+           completed_at = coalesce(%(now)s::timestamptz, now())
+      FROM due JOIN locked ON locked.id = due.run_id
+     WHERE s.id = due.id AND s.state = 'waiting'
+    RETURNING s.id, s.run_id, s.child_run_id, s.attempt, s.error
+), kept AS (
+    INSERT INTO cyclone_step_attempts (step_id, run_id, attempt, error_kind, error, ended_at)
+    SELECT id, run_id, attempt, 'max_wait', error, coalesce(%(now)s::timestamptz, now())
+      FROM expired
 )
-UPDATE cyclone_steps s
-   SET state = 'dead', error_kind = 'max_wait',
-       error = CASE s.kind WHEN 'wait' THEN 'no signal ' || quote_literal(s.signal)
-                                            || ' within max_wait'
-                       ELSE 'child run ' || s.child_run_id || ' did not finish within max_wait'
-               END,
-       completed_at = coalesce(%(now)s::timestamptz, now())
-  FROM due JOIN locked ON locked.id = due.run_id
- WHERE s.id = due.id AND s.state = 'waiting'
-RETURNING s.id, s.run_id, s.child_run_id;
+SELECT id, run_id, child_run_id FROM expired;
 
 -- name: sleep_wake
 -- Sleeps that are over complete; the caller then advances their runs.

@@ -30,6 +30,8 @@ def render(
     parts: list[Any] = [_header(snap)]
     if problem:
         parts.append(Text(problem, style="bold red"))
+    if snap.unserved:
+        parts.append(unserved_warning(snap))
     parts += [supervisors_table(snap), workers_table(snap)]
     parts += [_runs_table(snap), _dlq_table(snap)]
     parts += [_deadline_table(snap), _paused_table(snap)]
@@ -69,6 +71,16 @@ def _header(snap: Snapshot) -> Text:
         f"{q['running']} running; DLQ {snap.dlq_total}"
     )
     return text
+
+
+def unserved_warning(snap: Snapshot) -> Text:
+    """Runs whose workflow no live supervisor serves wait with workers idle: say so first."""
+    named = ", ".join(f"{r['workflow']} ({r['runs']})" for r in snap.unserved)
+    return Text(
+        f"no worker serves: {named} running run(s); load their module ([workflows] modules)"
+        " and restart: a reload does not re-import a module",
+        style="bold yellow",
+    )
 
 
 def _table(title: str, *columns: str) -> Table:

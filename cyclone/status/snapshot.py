@@ -6,7 +6,7 @@ disagree. Every query is bounded (LIMIT) and index-backed (see sql/status.sql).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +42,8 @@ class Snapshot:
     paused: list[dict[str, Any]]
     paused_total: int
     version: int = SCHEMA_VERSION
+    # Running runs of workflows no live supervisor serves, by workflow (most runs first).
+    unserved: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def dlq_total(self) -> int:
@@ -70,7 +72,10 @@ def take_snapshot(
             "status_dlq_depth": {},
             "status_deadline_failures": {"limit": rows},
             "status_paused_runs": {"limit": rows},
-        }
+            "status_unserved": {
+                "limit": rows, "served": [], "self_id": None, "lost_after": LOST_AFTER,
+            },
+        }  # fmt: skip
     with conn.transaction(), conn.pipeline():
         cursors = {name: conn.execute(QUERIES[name], params) for name, params in queries.items()}
         got = {
@@ -85,8 +90,7 @@ def take_snapshot(
     finished: dict[str, int] = {"completed": 0, "failed": 0, "cancelled": 0}
     for r in got.get("status_runs_by_state", []):
         (finished if r["recent"] else live)[r["state"]] = r["runs"]
-    queue = got.get("status_queue", [{"due": 0}])[0]
-    queue["due_capped"] = queue["due"] >= MAX_DUE_COUNT
+    queue = got.get("status_queue", [{"due": 0, "due_capped": False}])[0]
     paused = got.get("status_paused_runs", [])
     return Snapshot(
         taken_at=got["clock_now"][0]["now"],
@@ -100,4 +104,5 @@ def take_snapshot(
         deadline_failures=got.get("status_deadline_failures", []),
         paused=[{k: v for k, v in p.items() if k != "total"} for p in paused],
         paused_total=paused[0]["total"] if paused else 0,
+        unserved=got.get("status_unserved", []),
     )

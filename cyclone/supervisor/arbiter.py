@@ -20,6 +20,7 @@ import logging
 import signal
 from collections.abc import Callable
 
+from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 from cyclone.supervisor import channel
@@ -64,6 +65,10 @@ FAST_EXIT = 1.0
 DB_RETRY = 5.0
 # With notifications working, polling for revoked leases is only a safety net.
 LISTEN_POLL_FACTOR = 10
+# A worker records its step, then reports it over its pipe: a revocation check can fall in
+# between (40 ms of it was seen on a loaded host). Such a lease is not revoked, and its worker
+# is killed only if the report has not come this long after the database showed the record.
+REPORT_WAIT = 2.0
 # The longest the loop sleeps, so it re-checks its children even when nothing wakes it.
 MAX_TICK = 1.0
 EXIT_HALTED = 3
@@ -149,7 +154,11 @@ class Arbiter:
             log.info("workers: %d", self.target, extra={"action": "resize"})
 
     def handle_hup(self) -> None:
-        if self.reload is None or self.draining:
+        if self.reload is None:
+            log.warning("SIGHUP ignored: started without --config, there is nothing to reload")
+            return
+        if self.draining:
+            log.warning("SIGHUP ignored: draining")
             return
         try:
             config, factory = self.reload()
@@ -301,7 +310,9 @@ class Arbiter:
         log.log(level, "%s %s%s", handle.label, status.describe(), note, extra={"action": "exit"})
         self.events.exited(handle, status)
         if kill is not None and lease is not None and kill.step_id == lease.step_id:
-            if kill.record is not None and kill.token is not None:
+            if kill.release and kill.token is not None:
+                self.release(lease, kill.reason)
+            elif kill.record is not None and kill.token is not None:
                 self.record(lease, kill.record, kill.error)
             else:
                 # The database revoked the lease and already holds the outcome.
@@ -371,6 +382,20 @@ class Arbiter:
                 error, extra={"action": "record"},
             )  # fmt: skip
 
+    def release(self, lease: HeldLease, reason: KillReason) -> None:
+        """A step stopped by a planned stop goes back with its attempt not spent."""
+        try:
+            released = self.store.release_step(lease.step_id, lease.token)
+        except Exception as exc:  # the database is down: lease expiry is the backstop
+            log.error("could not release step %d: %s", lease.step_id, exc)
+            return
+        if released:
+            log.info(
+                "%s released after %s (%s): attempt not spent", step_label(lease),
+                format_elapsed(self.clock() - lease.leased_at), reason,
+                extra={"action": "record"},
+            )  # fmt: skip
+
     # --- killing ------------------------------------------------------------------------------
 
     def check_revocations(self) -> None:
@@ -393,9 +418,20 @@ class Arbiter:
             if lease is None or lease.step_id not in revoked or handle.kill is not None:
                 continue
             self.read_channel(handle)  # it may have finished the step a moment ago
-            if handle.lease is lease:
-                reason = REVOKE_REASONS.get(revoked[lease.step_id] or "", KillReason.CANCEL)
-                self.order_kill(handle, reason, record=None, error="lease revoked")
+            if handle.lease is not lease:
+                continue
+            why = revoked[lease.step_id]
+            if why == FINISHED:
+                # Recorded by its holder, whose report is on its way: no kill, unless the
+                # report never comes (the worker is stuck past its own write).
+                if lease.finished_seen is None:
+                    lease.finished_seen = now
+                if now - lease.finished_seen < REPORT_WAIT:
+                    self.next_poll = min(self.next_poll, lease.finished_seen + REPORT_WAIT)
+                    continue
+                why = None
+            reason = REVOKE_REASONS.get(why or "", KillReason.CANCEL)
+            self.order_kill(handle, reason, record=None, error="lease revoked")
 
     def enforce_deadlines(self) -> None:
         now = self.clock()
@@ -455,6 +491,7 @@ class Arbiter:
         error: str,
         *,
         grace: float | None = None,
+        release: bool = False,
     ) -> None:
         now = self.clock()
         grace = self.config.kill_grace if grace is None else grace
@@ -464,6 +501,7 @@ class Arbiter:
         handle.kill = KillOrder(
             reason=reason, ordered_at=now, hard_at=now + grace, record=record, error=error,
             step_id=lease.step_id if lease else None, token=lease.token if lease else None,
+            release=release,
         )  # fmt: skip
         self.kills[reason] = self.kills.get(reason, 0) + 1
         self.events.killed(reason)
@@ -483,9 +521,10 @@ class Arbiter:
     def kill_all(self, reason: KillReason) -> None:
         for handle in list(self.children.values()):
             if handle.kill is None:
-                record = ErrorKind.CRASHED if handle.lease else None
+                # A stop (or a restart) is planned, not the step's doing: its step goes back
+                # with the attempt not spent, as operators.md promises.
                 error = "worker killed at supervisor shutdown"
-                self.order_kill(handle, reason, record, error, grace=0)
+                self.order_kill(handle, reason, None, error, grace=0, release=True)
             elif not handle.kill.hard_sent:
                 self.hard_kill(handle)
 

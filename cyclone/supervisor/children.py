@@ -103,6 +103,9 @@ class HeldLease:
     # When the statement that took or last renewed the lease was sent: the database's lease
     # runs lease_ttl from no earlier than this (None: as the `leased` line arrived).
     renewed_at: float | None = None
+    # When the database first said the holder recorded this step while its `done` line had
+    # not arrived yet (see Arbiter.check_revocations).
+    finished_seen: float | None = None
 
 
 @dataclass(slots=True)
@@ -119,6 +122,8 @@ class KillOrder:
     record: ErrorKind | None = None
     error: str = ""
     hard_sent: bool = False
+    # A planned stop (shutdown): the step goes back with its attempt not spent.
+    release: bool = False
 
 
 @dataclass(slots=True)

@@ -1,5 +1,6 @@
-"""Gauges read from the database at scrape time: DLQ depth by reason, runs by state, and whether
-the database answered at all.
+"""Gauges read from the database at scrape time: DLQ depth by reason, runs by state, the steps
+due now and how long the oldest has waited (steps of paused runs are not due), running runs of
+workflows no live supervisor serves, and whether the database answered at all.
 
 A scrape is served inside the supervisor's loop, so the query is bounded on every side: a
 short connect timeout, a statement timeout, and a cache (CACHE_TTL) so that several Prometheus
@@ -30,6 +31,11 @@ from cyclone.states import ErrorKind, RunState
 log = logging.getLogger(__name__)
 
 CACHE_TTL = 5.0
+# Due steps are counted up to this many, as `cyclone status` counts them.
+MAX_DUE_COUNT = 10_000
+# A supervisor not seen for this long no longer counts as serving its workflows (the same
+# threshold after which `cyclone status` calls it lost).
+LOST_AFTER = 10.0
 # Runs that are not finished; `cyclone_runs_active{state}` always has both series.
 ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value)
 # Every error kind is a possible DLQ reason; each series exists (at 0) from the first scrape,
@@ -44,6 +50,9 @@ class Reading:
     up: bool
     dlq: dict[str, int] = field(default_factory=dict)
     runs: dict[str, int] = field(default_factory=dict)
+    due: int = 0
+    oldest_due_age: float = 0.0
+    unserved: dict[str, int] = field(default_factory=dict)
 
 
 class DatabaseGauges(Collector):
@@ -74,7 +83,10 @@ class DatabaseGauges(Collector):
             return self.reading
         try:
             with self.connect() as conn:
-                rows = conn.execute(QUERIES["metrics_gauges"]).fetchall()
+                rows = conn.execute(
+                    QUERIES["metrics_gauges"],
+                    {"cap": MAX_DUE_COUNT, "lost_after": LOST_AFTER, "served": [], "self_id": None},
+                ).fetchall()
         except psycopg.Error as exc:
             if self.reading is None or self.reading.up:
                 log.warning("metrics: database unavailable: %s", exc, extra={"action": "metrics"})
@@ -84,8 +96,15 @@ class DatabaseGauges(Collector):
             at=now, up=True, dlq=dict.fromkeys(DLQ_REASONS, 0), runs=dict.fromkeys(ACTIVE_STATES, 0)
         )
         for row in rows:
-            target = reading.dlq if row["metric"] == "dlq" else reading.runs
-            target[row["label"] or "unknown"] = int(row["value"])
+            metric, label, value = row["metric"], row["label"] or "unknown", row["value"]
+            if metric == "due":
+                if label == "steps":
+                    reading.due = int(value)
+                else:
+                    reading.oldest_due_age = float(value)
+                continue
+            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved}
+            target[metric][label] = int(value)
         self.reading = reading
         return reading
 
@@ -107,5 +126,27 @@ class DatabaseGauges(Collector):
                 dlq.add_metric([reason], count)
             for state, count in sorted(reading.runs.items()):
                 runs.add_metric([state], count)
+        due = GaugeMetricFamily(
+            "cyclone_steps_due",
+            f"Steps a worker could lease now (counted up to {MAX_DUE_COUNT}); paused runs' "
+            "steps are not due",
+        )  # fmt: skip
+        oldest = GaugeMetricFamily(
+            "cyclone_steps_due_oldest_seconds",
+            "How long the oldest due step has waited to be leased: how far behind workers are",
+        )  # fmt: skip
+        unserved = GaugeMetricFamily(
+            "cyclone_runs_unserved",
+            "Running runs of a workflow that no live supervisor's workers lease",
+            labels=["workflow"],
+        )  # fmt: skip
+        if reading.up:
+            due.add_metric([], reading.due)
+            oldest.add_metric([], reading.oldest_due_age)
+            for workflow, count in sorted(reading.unserved.items()):
+                unserved.add_metric([workflow], count)
         yield dlq
         yield runs
+        yield due
+        yield oldest
+        yield unserved

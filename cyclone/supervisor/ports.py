@@ -37,6 +37,8 @@ class Store(Protocol):
 
     def sweep_deadlines(self) -> int: ...
 
+    def release_step(self, step_id: int, token: str) -> bool: ...
+
 
 class ChildFactory(Protocol):
     """Builds a child's object before the fork; the returned main runs after it."""

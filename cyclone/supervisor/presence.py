@@ -5,10 +5,20 @@ any host. The supervisor upserts its rows from its loop every PUBLISH_INTERVAL, 
 (but at most every MIN_GAP) when a worker leased or finished a step. It keeps one connection
 for that (up to two publishes a second, each on a new connection, cost the server a backend
 start every time) and drops it on any error, so the next publish starts afresh. Children
-inherit its socket but never touch it, as with the LISTEN connection (see store.py). A
-publish waits whenever a kill could fall due while it runs (`Arbiter.next_kill_at`): presence
-is a view, kills are the product. A clean exit deletes the rows; a supervisor that died
-leaves them to the scanner's presence sweep, which removes rows not seen for STALE_AFTER.
+inherit its socket but never touch it, as with the LISTEN connection (see store.py).
+
+A publish waits while a kill could fall due before it returns (`Arbiter.next_kill_at`):
+presence is a view, kills are the product. How long it could take depends on the
+connection: one statement (PUBLISH_MARGIN) on the kept one, a connect as well (KILL_MARGIN)
+without it. But a busy supervisor always has a kill close by (steps with a short timeout,
+back to back), and waiting for a quiet moment then meant never publishing: `cyclone workers`
+reported it lost, then the scanner removed it. So once MAX_SILENCE has passed since the last
+publish, the next one goes out whatever kill is near, which can hold that kill up by at most
+the statement's timeout (a connect's, if the connection was lost).
+
+A clean exit deletes the rows; a supervisor that died leaves them to the scanner's presence
+sweep, which removes rows not seen for STALE_AFTER, except those of a supervisor whose
+presence connection still holds its lock (`presence_claim`): one that is alive.
 """
 
 from __future__ import annotations
@@ -38,6 +48,11 @@ RETRY_AFTER = 5.0
 # A publish connects (libpq's shortest connect_timeout is 2 s) and runs one statement (0.5 s
 # statement_timeout): it starts only when no kill can fall due within this long.
 KILL_MARGIN = 3.0
+# The same on the kept connection: one statement (its 0.5 s statement_timeout), and some room.
+PUBLISH_MARGIN = 0.75
+# The longest a supervisor goes without publishing while the database answers, whatever its
+# load: well inside the 10 s after which `cyclone status` calls it lost.
+MAX_SILENCE = 2 * PUBLISH_INTERVAL
 # A supervisor not seen for this long is dead; the scanner removes its rows.
 STALE_AFTER = 10 * PUBLISH_INTERVAL
 
@@ -50,6 +65,7 @@ class Snapshot:
     target: int
     uptime: float
     workers: list[dict[str, Any]] = field(default_factory=list)
+    workflows: list[str] | None = None  # the names its workers lease; None: not known
 
     def params(self, supervisor_id: str, host: str, pid: int) -> dict[str, Any]:
         columns = ("slot", "pid", "step_id", "run_id", "workflow", "node", "attempt", "busy_for")
@@ -59,13 +75,19 @@ class Snapshot:
                 params[c + "s" if c != "busy_for" else c].append(row[c])
         params.update(
             id=supervisor_id, host=host, pid=pid, target=self.target, uptime=self.uptime,
-            state="draining" if self.draining else "running",
+            state="draining" if self.draining else "running", served=self.workflows,
         )  # fmt: skip
         return params
 
 
 def snapshot(
-    children: Iterable[WorkerHandle], *, draining: bool, target: int, uptime: float, now: float
+    children: Iterable[WorkerHandle],
+    *,
+    draining: bool,
+    target: int,
+    uptime: float,
+    now: float,
+    workflows: Iterable[str] | None = None,
 ) -> Snapshot:
     """One row per worker slot. During a reload an old and a new worker can share a slot
     number for a moment: the busy one (then the newer one) is shown."""
@@ -88,7 +110,8 @@ def snapshot(
             "attempt": lease.attempt if lease else None,
             "busy_for": max(now - lease.leased_at, 0.0) if lease else None,
         })  # fmt: skip
-    return Snapshot(draining=draining, target=target, uptime=uptime, workers=rows)
+    served = None if workflows is None else sorted(workflows)
+    return Snapshot(draining=draining, target=target, uptime=uptime, workers=rows, workflows=served)
 
 
 Connect = Callable[[], psycopg.Connection[Any]]
@@ -105,9 +128,19 @@ class Presence:
         self.id = f"{self.host}:{self.pid}:{secrets.token_hex(3)}"
         self.changed = True
         self.last_try = float("-inf")
+        self.last_published = float("-inf")
         self.failed = False
         self.published = False
-        self.session = KeptSession(connect)
+        self.session = KeptSession(self._connect_and_claim)
+
+    def _connect_and_claim(self) -> psycopg.Connection[Any]:
+        conn = self.connect()
+        try:
+            conn.execute(QUERIES["presence_claim"], {"id": self.id})
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def mark_changed(self) -> None:
         self.changed = True
@@ -123,7 +156,10 @@ class Presence:
     def due(self, now: float, next_kill_at: float | None) -> bool:
         if now < self.next_at():
             return False
-        return next_kill_at is None or next_kill_at - now > KILL_MARGIN
+        if now - self.last_published >= MAX_SILENCE:
+            return True  # liveness has a hard bound; see the module's docstring
+        margin = PUBLISH_MARGIN if self.session.alive else KILL_MARGIN
+        return next_kill_at is None or next_kill_at - now > margin
 
     def publish(self, snap: Snapshot, now: float) -> bool:
         self.last_try = now
@@ -142,6 +178,7 @@ class Presence:
             log.info("presence published again", extra={"action": "presence"})
         self.failed = False
         self.published = True
+        self.last_published = now
         return True
 
     def withdraw(self) -> None:

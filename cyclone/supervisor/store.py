@@ -163,6 +163,9 @@ class DatabaseStore:
     def sweep_deadlines(self) -> int:
         return self._call(lambda conn: engine.sweep_deadlines(conn, batch_size=self.batch_size))
 
+    def release_step(self, step_id: int, token: str) -> bool:
+        return self._call(lambda conn: engine.release_step(conn, step_id, token))
+
     def close(self) -> None:
         self.session.close()
 

@@ -30,6 +30,7 @@ from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcess
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.proctitle import set_title, supervisor_title
+from cyclone.supervisor.served import RELOAD_APPLIES, RELOAD_KEEPS, describe_reload, warn_unserved
 from cyclone.supervisor.store import DatabaseStore, Listener, connect_briefly
 from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
@@ -155,6 +156,7 @@ class Supervisor:
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
+        self.warn_unserved()
         self.arbiter.start()
         # Config, database and schema were checked before we got here, the metrics socket is
         # bound and the children are forked: now systemd may consider us started.
@@ -237,6 +239,7 @@ class Supervisor:
         snap = snapshot(
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
+            workflows=self.registry,
         )  # fmt: skip
         if self.presence.publish(snap, now):
             # Its publishes are the loop's own regular database calls: they tell when the
@@ -311,8 +314,10 @@ class Supervisor:
     def reload(self) -> tuple[ArbiterConfig, Any]:
         """SIGHUP: read the config again; the arbiter replaces the children with the result."""
         settings = load_config(self.config_path)
-        if settings.database.url != self.settings.database.url:
-            log.warning("[database] url changes only take effect on restart")
+        log.info(RELOAD_APPLIES, extra={"action": "reload"})
+        log.info(RELOAD_KEEPS, extra={"action": "reload"})
+        for warning in describe_reload(self.settings, settings):
+            log.warning(warning, extra={"action": "reload"})
         if settings.workflows.modules != self.settings.workflows.modules and self.load_workflows:
             # New modules are imported (and registered) here, before any fork; modules
             # already imported keep their code until a restart.
@@ -321,4 +326,11 @@ class Supervisor:
             except (ImportError, psycopg.Error) as exc:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
         self.settings = settings
+        log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")
+        self.warn_unserved()
         return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry)
+
+    def warn_unserved(self) -> None:
+        """Name the workflows whose running runs no worker (ours or another live
+        supervisor's) serves: they would wait silently."""
+        warn_unserved(lambda: connect_briefly(self.dsn), self.registry, self.presence.id)

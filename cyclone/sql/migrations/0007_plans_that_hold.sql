@@ -43,6 +43,21 @@ AS $$
        FOR UPDATE OF s SKIP LOCKED
 $$;
 
+-- How far behind the workers are: the oldest step due of a running run (cyclone status, the
+-- metrics), by the same walk of the candidate index, without locking anything.
+CREATE FUNCTION cyclone_oldest_due(at timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_hashjoin = off
+AS $$
+    SELECT s.available_at
+      FROM cyclone_steps s
+      JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'available' AND s.available_at <= at AND r.state = 'running'
+     ORDER BY s.available_at, s.id
+     LIMIT 1
+$$;
+
 -- The deadline sweep and the counts of live runs share one index. With two (deadline_at of
 -- running runs, and state of live runs), statistics taken while few runs were live made the
 -- planner sweep through the second and read every live run, due or not. Here the sweep's

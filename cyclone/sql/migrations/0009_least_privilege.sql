@@ -8,8 +8,9 @@
 -- with (the schema migrated into), so a caller's search_path cannot point it elsewhere.
 --
 -- What it deletes: finished top-level runs older than the retention, with their child runs
--- and signals (ON DELETE CASCADE) and the steps of all of them (steps carry no foreign key,
--- see migration 3). It returns the number of top-level runs deleted.
+-- and signals (ON DELETE CASCADE), the steps of all of them (steps carry no foreign key,
+-- see migration 3) and those steps' attempts (migration 8). It returns the number of
+-- top-level runs deleted.
 
 CREATE FUNCTION cyclone_delete_finished(retention float8, batch_size integer, at timestamptz)
 RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
@@ -22,7 +23,9 @@ RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
         UNION ALL
         SELECT r.id FROM cyclone_runs r JOIN doomed d ON r.parent_run_id = d.id
     ), steps AS (
-        DELETE FROM cyclone_steps WHERE run_id IN (SELECT id FROM doomed)
+        DELETE FROM cyclone_steps WHERE run_id IN (SELECT id FROM doomed) RETURNING id
+    ), attempts AS (
+        DELETE FROM cyclone_step_attempts WHERE step_id IN (SELECT id FROM steps)
     ), runs AS (
         DELETE FROM cyclone_runs
          WHERE id IN (SELECT id FROM doomed) AND parent_run_id IS NULL
