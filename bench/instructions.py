@@ -51,6 +51,7 @@ from typing import Any
 
 from engine import SHAPES, SYSTEMS, baseline_fill, connect, engine_fill
 
+from cyclone.engine import steps as steps_module
 from cyclone.testing import TestEnv, server_dsn
 
 BASE_STEPS = 20
@@ -62,6 +63,12 @@ DROP INDEX cyclone_steps_due_idx, cyclone_steps_dead_idx, cyclone_steps_running_
            cyclone_runs_live_idx, cyclone_runs_parent_idx, cyclone_runs_finished_idx,
            cyclone_runs_created_idx, cyclone_runs_idempotency_idx"""
 CLIENT_STEPS = (300, 900)
+# VACUUM ANALYZE after each fill (--no-analyze: as users drain a burst).
+ANALYZE = True
+# A connection scans the candidate index from the start once a second of wall time
+# (engine.steps.FULL_SCAN_EVERY); under valgrind a step takes about 50 times as long, so the
+# period is stretched as much, to count the scans as often per step as a real drain makes them.
+steps_module.FULL_SCAN_EVERY *= 50
 
 
 def need_valgrind() -> None:
@@ -165,10 +172,12 @@ def per_step(
             engine_fill(env, shape, fill // shape)
             if strip:
                 env.conn.execute(STRIP)
-            env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
+            if ANALYZE:
+                env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
         else:
             baseline_fill(env.conn, shape, fill // shape)
-            env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
+            if ANALYZE:
+                env.conn.execute("VACUUM ANALYZE bl_runs, bl_steps")
         short = drain(env.dsn, folder, system, shape, BASE_STEPS)
         long = drain(env.dsn, folder, system, shape, BASE_STEPS + steps)
     return (long - short) / steps
@@ -243,11 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="1,5")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--fill", type=int, default=4000)
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="drain the fill as users do, never analyzed (default: VACUUM ANALYZE after it)",
+    )
     parser.add_argument("--client", action="store_true", help="count the Python side instead")
     parser.add_argument(
         "--strip", action="store_true", help="also count the engine without rules or extra indexes"
     )
     args = parser.parse_args(argv)
+    global ANALYZE
+    ANALYZE = not args.no_analyze
     if args.client:
         client_figures()
         return 0
