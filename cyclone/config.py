@@ -224,6 +224,11 @@ SETTINGS: tuple[Setting, ...] = (
             f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
     Setting("database", "migrate", BOOL, True, None,
             "Apply pending schema migrations at start-up (under an advisory lock)."),
+    Setting("database", "prepared_statements", BOOL, True, None,
+            "Let psycopg prepare a statement on the server after its fifth execution. Set false "
+            "behind a transaction-mode pooler such as PgBouncer, where the next transaction may "
+            "land on a server connection that does not have it (every statement is then planned "
+            "each time)."),
     Setting("supervisor", "workers", INT, 4, _ints(1),
             "Worker processes to fork; each runs one step at a time."),
     Setting("supervisor", "kill_grace", DURATION, 2.0, None,
@@ -275,10 +280,14 @@ def _default(section: str, key: str) -> Any:
 class DatabaseConfig:
     url: str | None = _default("database", "url")
     migrate: bool = _default("database", "migrate")
+    prepared_statements: bool = _default("database", "prepared_statements")
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
-        return f"DatabaseConfig(url={url!r}, migrate={self.migrate!r})"
+        return (
+            f"DatabaseConfig(url={url!r}, migrate={self.migrate!r}, "
+            f"prepared_statements={self.prepared_statements!r})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from cyclone.supervisor.arbiter import (
     EXIT_HALTED,
     FAST_EXIT,
     MAX_BOOT_FAILURES,
+    REVOKE_SETTLE,
     Arbiter,
     ArbiterConfig,
 )
@@ -555,3 +556,32 @@ def test_the_loop_does_not_spin_while_a_killed_worker_awaits_its_reaping(h: Harn
     h.clock.advance(0.5)
     h.arbiter.tick()  # SIGKILL; the process is not reaped yet
     assert h.arbiter.next_wakeup() > h.clock.now
+
+
+def test_a_revocation_for_no_stated_reason_waits_for_the_workers_report(h: Harness) -> None:
+    # Polling (behind a pooler) can see a step's lease gone between its worker's commit and
+    # the worker's report of it on the pipe: that worker is not to be killed.
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: None}
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.lease(pid, step_id=8, kill_after=None)
+    h.clock.advance(REVOKE_SETTLE)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    assert h.arbiter.kills == {}
+
+
+def test_a_revocation_for_no_stated_reason_kills_once_it_settled(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.store.revocations = {7: None}  # a sibling step failed the run, say
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == []
+    assert h.arbiter.next_wakeup() <= h.clock() + REVOKE_SETTLE
+    h.clock.advance(REVOKE_SETTLE)
+    h.arbiter.tick()
+    assert h.ops.signals_to(pid) == [("pid", signal.SIGTERM)]
+    assert h.arbiter.kills == {KillReason.CANCEL: 1}

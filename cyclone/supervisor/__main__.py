@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 
 from cyclone.config import Settings, load_config
-from cyclone.db import connect, resolve_dsn
+from cyclone.db import connect, resolve_dsn, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import CycloneError
 from cyclone.migrate import latest_version, migrate
@@ -63,6 +63,8 @@ def load_workflows(settings: Settings) -> Registry:
 
 def prepare(settings: Settings) -> tuple[str, Registry]:
     """Everything that can fail before the first fork: database, schema, workflow code."""
+    # Before any connection: the children forked later inherit it (a reload does not change it).
+    use_prepared_statements(settings.database.prepared_statements)
     dsn = resolve_dsn(settings.database.url)
     if settings.database.migrate:
         migrate(dsn)

@@ -70,6 +70,13 @@ REVOKE_REASONS = {
     "deadline": KillReason.DEADLINE,
     "lease_expired": KillReason.LEASE_EXPIRED,
 }
+# A lease gone for none of those reasons (a sibling failed the run, or the run was deleted)
+# may just as well have been ended by its own worker a moment ago, its report still on the
+# way: with the CPU busy, the worker's commit and its pipe write can be tens of ms apart, and
+# polling every poll_interval (behind a pooler, without notifications) met that window about
+# once every hundred steps, killing a worker that was already on its next step. Such a
+# revocation kills only when a second check, this much later, finds the lease still held.
+REVOKE_SETTLE = 0.2
 
 
 class Arbiter:
@@ -100,6 +107,7 @@ class Arbiter:
         self.next_spawn_at = 0.0
         self.notifications = False
         self.notified = False
+        self.unsettled: dict[int, str] = {}  # step id -> token: see REVOKE_SETTLE
         self.next_poll = 0.0
         self.draining = False
         self.drain_deadline: float | None = None
@@ -344,14 +352,21 @@ class Arbiter:
             log.warning("could not check for revoked leases: %s", exc)
             self.next_poll = now + DB_RETRY
             return
+        unsettled, self.unsettled = self.unsettled, {}
         for handle in self.busy():
             lease = handle.lease
             if lease is None or lease.step_id not in revoked or handle.kill is not None:
                 continue
             self.read_channel(handle)  # it may have finished the step a moment ago
-            if handle.lease is lease:
-                reason = REVOKE_REASONS.get(revoked[lease.step_id] or "", KillReason.CANCEL)
-                self.order_kill(handle, reason, record=None, error="lease revoked")
+            if handle.lease is not lease:
+                continue
+            reason = REVOKE_REASONS.get(revoked[lease.step_id] or "")
+            if reason is None and unsettled.get(lease.step_id) != lease.token:
+                self.unsettled[lease.step_id] = lease.token
+                continue
+            self.order_kill(handle, reason or KillReason.CANCEL, record=None, error="lease revoked")
+        if self.unsettled:
+            self.next_poll = min(self.next_poll, now + REVOKE_SETTLE)
 
     def enforce_deadlines(self) -> None:
         now = self.clock()

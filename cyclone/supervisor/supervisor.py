@@ -271,7 +271,8 @@ class Supervisor:
             self.listener.close()
             working = False
         else:
-            self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
+            if self.listener.conn is not None:  # None: notifications never arrived, polling
+                self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 
     def read_listener(self) -> None:
@@ -291,6 +292,8 @@ class Supervisor:
         settings = load_config(self.config_path)
         if settings.database.url != self.settings.database.url:
             log.warning("[database] url changes only take effect on restart")
+        if settings.database.prepared_statements != self.settings.database.prepared_statements:
+            log.warning("[database] prepared_statements changes only take effect on restart")
         if settings.workflows.modules != self.settings.workflows.modules and self.load_workflows:
             # New modules are imported (and registered) here, before any fork; modules
             # already imported keep their code until a restart.
