@@ -37,6 +37,11 @@ def use_prepared_statements(enabled: bool) -> None:
     _PREPARE_THRESHOLD = 5 if enabled else None
 
 
+def prepare_threshold() -> int | None:
+    """psycopg's prepare_threshold for a new connection, as use_prepared_statements set it."""
+    return _PREPARE_THRESHOLD
+
+
 def resolve_dsn(dsn: str | None) -> str:
     """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server."""
     if dsn:

@@ -117,15 +117,18 @@ class PgBouncer:
             self.port = free_port()
             ini = self.dir / "pgbouncer.ini"
             ini.write_text(self.config())
+            self.log_path.touch()
             command = [self.binary or "pgbouncer", "-q"]
             if self.user:
                 shutil.chown(self.dir, self.user)
                 for path in self.dir.iterdir():
                     shutil.chown(path, self.user)
                 command += ["-u", self.user]
-            self.proc = subprocess.Popen(
-                [*command, str(ini)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
+            # Its own complaints before the log file is open (a bad config) go there too.
+            with self.log_path.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [*command, str(ini)], stdout=subprocess.DEVNULL, stderr=log
+                )
             if self._wait_listening(timeout):
                 return
             self.stop()
