@@ -1,7 +1,8 @@
 """The same backlog drained directly and through PgBouncer in transaction mode. Prints figures.
 
     python bench/pooler.py [--runs 1200] [--shape 5] [--supervisors 2] [--workers 8]
-                           [--pool-size 10] [--modes direct,pooler,pooler-prepared]
+                           [--pool-size 10] [--modes direct,direct-unprepared,pooler]
+                           [--timeout 180] [--logs DIR] [--dsn DSN]
 
 Needs `pgbouncer` (Debian: `apt-get install pgbouncer`) and the embedded server (or `--dsn`
 naming a server's unix socket). For each mode: a fresh schema in a database only this bench
@@ -11,10 +12,13 @@ them, timed from the first READY=1 to the last run's `finished_at`.
 
 * direct: the supervisors connect to the server (`[database] prepared_statements = true`,
   the default).
+* direct-unprepared: the same with `prepared_statements = false`: what re-planning every
+  statement costs, without the pooler.
 * pooler: through PgBouncer, `pool_mode = transaction`, `default_pool_size = --pool-size`,
   `ignore_startup_parameters = options`, with `prepared_statements = false`.
-* pooler-prepared (only when asked for): the same with `prepared_statements = true`, the
-  failure this bench guards against: counts the errors and crashes it causes.
+* pooler-prepared (only when asked for, with a short `--timeout`): the same with
+  `prepared_statements = true`, the failure this bench guards against: counts the errors
+  and crashes it causes.
 
 Server connections are sampled from pg_stat_activity every 100 ms during the drain (this
 bench's own session left out) and reported at their peak, per application_name for direct
@@ -51,6 +55,8 @@ from pgbouncer import PgBouncer, pgbouncer_binary  # noqa: E402
 # among its attributes.
 bench_1step, bench_5step = SHAPES[1], SHAPES[5]
 BATCH = 1000
+MODES = ("direct", "direct-unprepared", "pooler", "pooler-prepared")
+PREPARED = ("direct", "pooler-prepared")
 CONFIG = """
 [database]
 migrate = false
@@ -144,14 +150,14 @@ def drain(base: str, mode: str, args: argparse.Namespace, tmp: Path) -> dict[str
         env.conn.execute("ANALYZE")
         pooler = None
         dsn = env.dsn
-        if mode != "direct":
+        if mode.startswith("pooler"):
             pooler = PgBouncer(base, pool_size=args.pool_size, search_path=env.schema)
             pooler.start()
             dsn = pooler.dsn()
         sampler = Sampler(base, exclude=env.conn.info.backend_pid)
         sampler.start()
         sups = [
-            Supervisor(dsn, tmp, f"{mode}-{i}", args.workers, prepared=mode != "pooler")
+            Supervisor(dsn, tmp, f"{mode}-{i}", args.workers, prepared=mode in PREPARED)
             for i in range(args.supervisors)
         ]
         try:
@@ -194,10 +200,12 @@ def drain(base: str, mode: str, args: argparse.Namespace, tmp: Path) -> dict[str
         if args.logs:
             Path(args.logs).mkdir(parents=True, exist_ok=True)
             (Path(args.logs) / f"{mode}.log").write_text(logs)
-        elapsed = row["last"] - (ready + offset)
+        steps_s = float("nan")  # not drained: no rate to give
+        if drained:
+            steps_s = args.runs * args.shape / (row["last"] - (ready + offset))
         return {
             "mode": mode,
-            "steps_s": args.runs * args.shape / elapsed if drained else float("nan"),
+            "steps_s": steps_s,
             "completed": row["completed"],
             "retried": crashed,
             "server": sampler.peak,
@@ -222,7 +230,7 @@ def main() -> int:
     parser.add_argument("--supervisors", type=int, default=2)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--pool-size", type=int, default=10)
-    parser.add_argument("--modes", default="direct,pooler")
+    parser.add_argument("--modes", default="direct,direct-unprepared,pooler")
     parser.add_argument("--timeout", type=float, default=180)
     parser.add_argument("--logs", metavar="DIR", help="keep the supervisors' logs there")
     parser.add_argument("--dsn", help="a server on a unix socket (default: the embedded one)")
@@ -231,6 +239,8 @@ def main() -> int:
         print("pgbouncer is not installed (Debian: apt-get install pgbouncer)", file=sys.stderr)
         return 2
     modes = args.modes.split(",")
+    if not set(modes) <= set(MODES):
+        parser.error(f"--modes: each of {', '.join(MODES)}")
     steps = args.runs * args.shape
     print(f"cyclone {revision()}; {args.supervisors} supervisors x {args.workers} workers, "
           f"{args.runs} runs of {args.shape} no-op steps ({steps} steps) a mode; "
@@ -240,10 +250,10 @@ def main() -> int:
         for mode in modes:
             with tempfile.TemporaryDirectory() as tmp:
                 results.append(drain(base, mode, args, Path(tmp)))
-    print(f"{'mode':<16} {'steps/s':>8} {'server conns':>12} {'completed':>9} {'retried':>7} "
+    print(f"{'mode':<18} {'steps/s':>8} {'server conns':>12} {'completed':>9} {'retried':>7} "
           f"{'prep. errors':>12} {'crashes':>7} {'boot fails':>10}")  # fmt: skip
     for r in results:
-        print(f"{r['mode']:<16} {r['steps_s']:>8,.0f} {r['server']:>12} {r['completed']:>9} "
+        print(f"{r['mode']:<18} {r['steps_s']:>8,.0f} {r['server']:>12} {r['completed']:>9} "
               f"{r['retried']:>7} {r['prepared_errors']:>12} {r['crashes']:>7} "
               f"{r['boot_failures']:>10}")  # fmt: skip
     for r in results:
