@@ -154,7 +154,16 @@ def test_runs_and_kills_through_pgbouncer_in_transaction_mode(
     assert len(listed) == len(run_ids)
     assert env.schema not in cli(pooler, "status", "--once").stderr
     cli(pooler, "workers")
-    cli(pooler, "migrate")  # under a transaction-scoped lock: nothing to apply, no lock left
+    # Through the pooler, twice: nothing to apply, and no migration lock left behind (that
+    # the lock is transaction-scoped is tested in tests/test_transaction_pooling.py).
+    cli(pooler, "migrate")
+    cli(pooler, "migrate")
+    left = env.conn.execute(
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory'"
+        " AND objid::bigint = hashtext(%s || '.cyclone_migrations')::bigint & 4294967295",
+        (env.schema,),
+    ).fetchone()["n"]
+    assert left == 0
 
     log = sup.log()
     assert "prepared statement" not in log

@@ -1,4 +1,5 @@
-"""`[database] prepared_statements`: which connections may prepare (issue 16)."""
+"""What a transaction-mode pooler needs (issue 16): which connections prepare statements, and
+no lock that outlives its transaction. tests/process/test_pooler.py runs through a real one."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.pq import TransactionStatus
 
 from cyclone import db
 from cyclone.client import Client
+from cyclone.migrate import migrate
 from cyclone.testing import TestEnv
 
 
@@ -45,3 +48,24 @@ def test_a_client_says_for_itself(env: TestEnv, tmp_path: Path) -> None:
         assert pooled.prepare_threshold is None
     with Client(env.dsn, prepared_statements=True) as client, client.connection() as pooled:
         assert pooled.prepare_threshold == 5
+
+
+def test_migrations_lock_only_inside_their_transaction(scratch_dsn: str) -> None:
+    # Behind the pooler, a session-level lock taken by one statement and released by another
+    # may be taken and left on one server connection and "released" on another.
+    locks: list[tuple[str, TransactionStatus]] = []
+    with db.connect(scratch_dsn) as conn:
+        execute = conn.execute
+
+        def recording(query, *args, **kwargs):  # type: ignore[no-untyped-def]
+            text = query.decode() if isinstance(query, bytes) else str(query)
+            if "advisory" in text:
+                locks.append((text, conn.info.transaction_status))
+            return execute(query, *args, **kwargs)
+
+        conn.execute = recording  # type: ignore[method-assign]
+        assert migrate(conn)  # a fresh schema: every migration applied
+        assert migrate(conn) == []
+    assert len(locks) == 2
+    assert all(status == TransactionStatus.INTRANS for _, status in locks)
+    assert all("pg_advisory_xact_lock" in text for text, _ in locks)
