@@ -3,6 +3,7 @@ no lock that outlives its transaction. tests/process/test_pooler.py runs through
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from psycopg.pq import TransactionStatus
 from cyclone import db
 from cyclone.client import Client
 from cyclone.migrate import migrate
+from cyclone.supervisor.store import check_statement_timeout
 from cyclone.testing import TestEnv
 
 
@@ -69,3 +71,15 @@ def test_migrations_lock_only_inside_their_transaction(scratch_dsn: str) -> None
     assert len(locks) == 2
     assert all(status == TransactionStatus.INTRANS for _, status in locks)
     assert all("pg_advisory_xact_lock" in text for text, _ in locks)
+
+
+def test_a_statement_timeout_that_did_not_arrive_is_reported(
+    env: TestEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    with db.connect(db.with_options(env.dsn, "-c statement_timeout=1500")) as conn:
+        assert check_statement_timeout(conn, 1500)
+    assert caplog.records == []
+    # As behind PgBouncer with ignore_startup_parameters = options: the option never arrives.
+    with caplog.at_level(logging.WARNING), db.connect(env.dsn) as conn:
+        assert not check_statement_timeout(conn, 1500)
+    assert "statement_timeout is 0 ms, not the 1500 ms asked for" in caplog.text

@@ -69,3 +69,9 @@ SELECT 'dlq' AS metric, error_kind AS label, count(*) AS value
 UNION ALL
 SELECT 'runs', state, count(*)
   FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state;
+
+-- name: session_statement_timeout
+-- The statement_timeout this session got, in milliseconds: a pooler that ignores startup
+-- options (PgBouncer's ignore_startup_parameters = options) drops the one a connection asked
+-- for without a word.
+SELECT setting::integer AS ms FROM pg_settings WHERE name = 'statement_timeout';

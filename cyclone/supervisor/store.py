@@ -45,8 +45,36 @@ def connect_briefly(
     name: str = "cyclone-supervisor",
     connect_timeout: int = CONNECT_TIMEOUT,
 ) -> psycopg.Connection[Any]:
-    dsn = with_options(dsn, f"-c statement_timeout={statement_timeout_ms}")
-    return connect(dsn, name, connect_timeout=connect_timeout)
+    global _timeout_checked
+    conn = connect(
+        with_options(dsn, f"-c statement_timeout={statement_timeout_ms}"), name,
+        connect_timeout=connect_timeout,
+    )  # fmt: skip
+    if not _timeout_checked:
+        _timeout_checked = True  # the first connection tells for all: one DSN, one path
+        check_statement_timeout(conn, statement_timeout_ms)
+    return conn
+
+
+# Once a process (forked children inherit it): one query on the first connection.
+_timeout_checked = False
+
+
+def check_statement_timeout(conn: psycopg.Connection[Any], wanted_ms: int) -> bool:
+    """Whether the session got the statement_timeout asked for; if not, say so (once)."""
+    try:
+        got = conn.execute(QUERIES["session_statement_timeout"]).fetchone()["ms"]
+    except psycopg.Error:
+        return False  # the caller's next statement meets the same trouble and reports it
+    if got == wanted_ms:
+        return True
+    log.warning(
+        "statement_timeout is %d ms, not the %d ms asked for: something between here and "
+        "PostgreSQL (a pooler ignoring startup options) dropped it, so the supervisor's calls "
+        "have no time limit; set one there (PgBouncer: query_timeout) or on the role",
+        got, wanted_ms, extra={"action": "connect"},
+    )  # fmt: skip
+    return False
 
 
 class Listener:

@@ -168,8 +168,10 @@ def test_runs_and_kills_through_pgbouncer_in_transaction_mode(
     log = sup.log()
     assert "prepared statement" not in log
     assert "recorded as crashed" not in log and "failed to boot" not in log
-    # LISTEN cannot work through the pooler: said once, not retried.
+    # LISTEN cannot work through the pooler: said once, not retried. Nor can the startup
+    # option that sets the supervisor's statement timeout: said once as well.
     assert log.count("notifications do not arrive") == 1
+    assert log.count("statement_timeout is 0 ms, not the") == 1
     crashed = env.conn.execute(
         "SELECT count(*) AS n FROM cyclone_steps WHERE error_kind IN ('crashed', 'lease_expired')"
     ).fetchone()["n"]
