@@ -20,6 +20,7 @@ from cyclone.db import (
     check_text,
     encode_json,
     is_step_id,
+    prepare_threshold,
     resolve_dsn,
 )
 from cyclone.engine.graphs import current_graph, register_workflows
@@ -56,12 +57,22 @@ class Client:
         *,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         pool_size: int = 4,
+        prepared_statements: bool | None = None,
         _clock: Clock | None = None,
         _on_workflow: Callable[[Workflow], None] | None = None,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
         self.max_payload_bytes = max_payload_bytes
         self._pool_size = pool_size
+        # None: as cyclone.db.use_prepared_statements set it for the process (on by default).
+        # False behind a transaction-mode pooler, as `[database] prepared_statements` says.
+        self._prepare_threshold = (
+            prepare_threshold()
+            if prepared_statements is None
+            else 5
+            if prepared_statements
+            else None
+        )
         self._pool: ConnectionPool | None = None
         self._lock = threading.Lock()
         self._registered: set[str] = set()
@@ -73,7 +84,8 @@ class Client:
     def from_config(cls, path: str) -> Client:
         from cyclone.config import load_config
 
-        return cls(load_config(path).database.url)
+        database = load_config(path).database
+        return cls(database.url, prepared_statements=database.prepared_statements)
 
     # -- connections ---
 
@@ -94,6 +106,7 @@ class Client:
                         "autocommit": True,
                         "row_factory": psycopg.rows.dict_row,
                         "fallback_application_name": "cyclone",
+                        "prepare_threshold": self._prepare_threshold,
                     },
                 )
         with self._pool.connection() as pooled:

@@ -228,6 +228,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Where the embedded PostgreSQL keeps its data when url is unset; a relative path is "
             "taken from this file's directory. Unset: $XDG_DATA_HOME/cyclone/pgdata (else "
             "~/.local/share/cyclone/pgdata). CYCLONE_EMBEDDED_DIR overrides it."),
+    Setting("database", "prepared_statements", BOOL, True, None,
+            "Let psycopg prepare a statement on the server after its fifth execution. Set false "
+            "behind a transaction-mode pooler such as PgBouncer, where the next transaction may "
+            "land on a server connection that does not have it (every statement is then planned "
+            "each time)."),
     Setting("supervisor", "workers", INT, 4, _ints(1),
             "Worker processes to fork; each runs one step at a time."),
     Setting("supervisor", "kill_grace", DURATION, 2.0, None,
@@ -284,12 +289,14 @@ class DatabaseConfig:
     url: str | None = _default("database", "url")
     migrate: bool = _default("database", "migrate")
     embedded_dir: str | None = _default("database", "embedded_dir")
+    prepared_statements: bool = _default("database", "prepared_statements")
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
         return (
             f"DatabaseConfig(url={url!r}, migrate={self.migrate!r}, "
-            f"embedded_dir={self.embedded_dir!r})"
+            f"embedded_dir={self.embedded_dir!r}, "
+            f"prepared_statements={self.prepared_statements!r})"
         )
 
 

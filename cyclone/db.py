@@ -24,6 +24,24 @@ _RETRIES = 5
 
 T = TypeVar("T")
 
+# psycopg prepares a statement on the server after its fifth execution. Behind a pooler in
+# transaction mode (PgBouncer before 1.21, or without max_prepared_statements) the next
+# transaction may run on another server connection, which has no such statement, or already
+# one of that name: "prepared statement "_pg3_0" does not exist". None turns preparing off.
+# `[database] prepared_statements` sets it in the supervisor before it forks its children.
+_PREPARE_THRESHOLD: int | None = 5
+
+
+def use_prepared_statements(enabled: bool) -> None:
+    """Whether connections made from now on in this process (and its forks) may prepare."""
+    global _PREPARE_THRESHOLD
+    _PREPARE_THRESHOLD = 5 if enabled else None
+
+
+def prepare_threshold() -> int | None:
+    """psycopg's prepare_threshold for a new connection, as use_prepared_statements set it."""
+    return _PREPARE_THRESHOLD
+
 
 def resolve_dsn(
     dsn: str | None, embedded_dir: str | None = None, announce: Callable[[str], None] | None = None
@@ -103,6 +121,7 @@ def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connectio
     `name` is the session's application_name in pg_stat_activity (unless the DSN sets one), so
     an operator can tell a worker's session from the scanner's or the supervisor's.
     """
+    kwargs.setdefault("prepare_threshold", _PREPARE_THRESHOLD)
     return psycopg.connect(
         dsn, autocommit=True, row_factory=dict_row, fallback_application_name=name, **kwargs
     )

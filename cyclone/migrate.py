@@ -22,27 +22,28 @@ def migrate(target: str | psycopg.Connection[Any] | None = None) -> list[int]:
 
 
 def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
-    applied_now: list[int] = []
-    conn.execute(QUERIES["migration_lock"])
-    try:
+    # One transaction, under a lock it holds to its end: behind a transaction-mode pooler a
+    # session-level lock could be taken on one server connection and released (or not) on
+    # another. The other migrators wait for the lock, then find nothing left to do. A failed
+    # migration takes the ones before it in this call back with it; the next call redoes them.
+    applied_now: list[tuple[int, str]] = []
+    with conn.transaction():
+        conn.execute(QUERIES["migration_lock"])
         done = _applied(conn) if _present(conn) else set()
         if done >= {version for version, _, _ in migrations()}:
-            return applied_now  # no DDL at all: a role without DDL rights gets here too
+            return []  # no DDL at all: a role without DDL rights gets here too
         conn.execute(QUERIES["migration_table_create"])
         done = _applied(conn)
         for version, name, sql in migrations():
-            if version in done:
-                continue
-            with conn.transaction():
+            if version not in done:
                 conn.execute(sql.encode())  # type: ignore[arg-type] - a whole file of DDL
                 conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
-            logger.info(
-                "applied migration %04d_%s", version, name, extra={"action": "migration_applied"}
-            )
-            applied_now.append(version)
-    finally:
-        conn.execute(QUERIES["migration_unlock"])
-    return applied_now
+                applied_now.append((version, name))
+    for version, name in applied_now:
+        logger.info(
+            "applied migration %04d_%s", version, name, extra={"action": "migration_applied"}
+        )
+    return [version for version, _ in applied_now]
 
 
 def _present(conn: psycopg.Connection[Any]) -> bool:

@@ -159,9 +159,13 @@ class Session:
             if self.statement_timeout_ms:
                 options = f"-c statement_timeout={self.statement_timeout_ms}"
             try:
+                # Never prepared: a command runs each statement a few times at most, and its
+                # database may be behind a transaction-mode pooler, where a prepared statement
+                # is lost with the transaction's server connection (`status` refreshes forever).
                 self._conn = connect(
-                    with_options(dsn, options), "cyclone-cli", connect_timeout=CONNECT_TIMEOUT
-                )
+                    with_options(dsn, options), "cyclone-cli", connect_timeout=CONNECT_TIMEOUT,
+                    prepare_threshold=None,
+                )  # fmt: skip
             except psycopg.OperationalError as exc:
                 raise CliError(
                     UNREACHABLE,

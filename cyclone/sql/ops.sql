@@ -98,3 +98,9 @@ UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
 UNION ALL
 SELECT 'unserved', workflow, runs FROM unserved;
+
+-- name: session_statement_timeout
+-- The statement_timeout this session got, in milliseconds: a pooler that ignores startup
+-- options (PgBouncer's ignore_startup_parameters = options) drops the one a connection asked
+-- for without a word.
+SELECT setting::integer AS ms FROM pg_settings WHERE name = 'statement_timeout';

@@ -1,9 +1,8 @@
 -- name: migration_lock
--- One migrator at a time per schema; the others wait, then find nothing left to do.
-SELECT pg_advisory_lock(hashtext(current_schema() || '.cyclone_migrations'));
-
--- name: migration_unlock
-SELECT pg_advisory_unlock(hashtext(current_schema() || '.cyclone_migrations'));
+-- One migrator at a time per schema; the others wait, then find nothing left to do. Held to
+-- the end of the transaction, not the session: behind a transaction-mode pooler the session's
+-- next statement may run on another server connection, which could not unlock it.
+SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.cyclone_migrations'));
 
 -- name: migration_table_create
 CREATE TABLE IF NOT EXISTS cyclone_migrations (

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 
 from cyclone.config import Settings, load_config
-from cyclone.db import connect, resolve_dsn
+from cyclone.db import connect, resolve_dsn, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import ConfigError, CycloneError
 from cyclone.migrate import latest_version, migrate
@@ -118,6 +118,8 @@ def prepare(settings: Settings, registry: Registry) -> str:
     """What can fail before the first fork once the code imports: database, schema, graphs.
     A new embedded cluster is logged as a warning: a second database where an operator
     expected their first one must not pass unnoticed."""
+    # Before any connection: the children forked later inherit it (a reload does not change it).
+    use_prepared_statements(settings.database.prepared_statements)
     dsn = resolve_dsn(settings.database.url, settings.database.embedded_dir, announce=log.warning)
     if settings.database.migrate:
         migrate(dsn)

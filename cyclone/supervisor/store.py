@@ -13,6 +13,7 @@ child.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ STATEMENT_TIMEOUT_MS = 2000
 PROBE_TIMEOUT = 1.0
 # LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
 LISTEN = "LISTEN cyclone_revoked"
+UNLISTEN = "UNLISTEN cyclone_revoked"
 
 
 def connect_briefly(
@@ -43,8 +45,36 @@ def connect_briefly(
     name: str = "cyclone-supervisor",
     connect_timeout: int = CONNECT_TIMEOUT,
 ) -> psycopg.Connection[Any]:
-    dsn = with_options(dsn, f"-c statement_timeout={statement_timeout_ms}")
-    return connect(dsn, name, connect_timeout=connect_timeout)
+    global _timeout_checked
+    conn = connect(
+        with_options(dsn, f"-c statement_timeout={statement_timeout_ms}"), name,
+        connect_timeout=connect_timeout,
+    )  # fmt: skip
+    if not _timeout_checked:
+        _timeout_checked = True  # the first connection tells for all: one DSN, one path
+        check_statement_timeout(conn, statement_timeout_ms)
+    return conn
+
+
+# Once a process (forked children inherit it): one query on the first connection.
+_timeout_checked = False
+
+
+def check_statement_timeout(conn: psycopg.Connection[Any], wanted_ms: int) -> bool:
+    """Whether the session got the statement_timeout asked for; if not, say so (once)."""
+    try:
+        got = conn.execute(QUERIES["session_statement_timeout"]).fetchone()["ms"]
+    except psycopg.Error:
+        return False  # the caller's next statement meets the same trouble and reports it
+    if got == wanted_ms:
+        return True
+    log.warning(
+        "statement_timeout is %d ms, not the %d ms asked for: something between here and "
+        "PostgreSQL (a pooler ignoring startup options) dropped it, so the supervisor's calls "
+        "have no time limit; set one there (PgBouncer: query_timeout) or on the role",
+        got, wanted_ms, extra={"action": "connect"},
+    )  # fmt: skip
+    return False
 
 
 class Listener:
@@ -55,6 +85,7 @@ class Listener:
         self.conn: psycopg.Connection[Any] | None = None
         self.working = False
         self.probed: bool | None = None
+        self.gave_up = False
         self.fd = -1
 
     def open(self) -> bool:
@@ -68,9 +99,29 @@ class Listener:
         if self.probed is None:
             self.probed = self.probe()
         self.working = self.probed
-        mode = "LISTEN/NOTIFY" if self.working else "polling (notifications do not arrive)"
-        log.info("revocations: %s", mode, extra={"action": "listen"})
-        return self.working
+        if not self.working:
+            self.give_up()
+            return False
+        log.info("revocations: LISTEN/NOTIFY", extra={"action": "listen"})
+        return True
+
+    def give_up(self) -> None:
+        """Poll for good: said once, and the connection is closed rather than retried.
+
+        Behind a transaction-mode pooler the LISTEN ran on whichever server connection served
+        that statement and stays there, so the UNLISTEN may miss it (that session then drops
+        the notifications it gets). Retrying would LISTEN on yet another one.
+        """
+        log.warning(
+            "revocations: polling every poll interval; notifications do not arrive here "
+            "(a transaction-mode pooler, or a slow server): LISTEN is not retried",
+            extra={"action": "listen"},
+        )
+        assert self.conn is not None
+        with contextlib.suppress(psycopg.Error):
+            self.conn.execute(UNLISTEN)
+        self.close()
+        self.gave_up = True
 
     def probe(self) -> bool:
         # Sent from another session, as a scanner's would be: behind PgBouncer in transaction
@@ -93,7 +144,10 @@ class Listener:
 
     @property
     def healthy(self) -> bool:
-        return self.conn is not None and not self.conn.closed and not self.conn.broken
+        """Nothing to repair: connected, or given up on for good."""
+        return self.gave_up or (
+            self.conn is not None and not self.conn.closed and not self.conn.broken
+        )
 
     def close(self) -> None:
         if self.conn is not None:

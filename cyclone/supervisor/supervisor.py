@@ -296,7 +296,8 @@ class Supervisor:
             working = False
         else:
             self.listen_outage.succeeded()
-            self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
+            if self.listener.conn is not None:  # None: notifications never arrived, polling
+                self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 
     def read_listener(self) -> None:
