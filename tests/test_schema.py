@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import cyclone
 from cyclone.db import connect
-from cyclone.migrate import latest_version, migrate
+from cyclone.migrate import migrate
 from cyclone.sql import QUERIES, migrations, parse_queries
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
 from cyclone.testing import TestEnv
@@ -48,7 +48,7 @@ def test_python_enums_match_the_sql_checks(env: TestEnv, table, column, enum):
 def test_migrating_twice_applies_nothing_the_second_time(env: TestEnv):
     assert migrate(env.conn) == []
     versions = [r["version"] for r in env.conn.execute("SELECT version FROM cyclone_migrations")]
-    assert versions == list(range(1, latest_version() + 1))
+    assert versions == [v for v, _, _ in migrations()]  # numbering may have gaps
 
 
 def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
@@ -60,7 +60,7 @@ def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
         t.start()
     for t in threads:
         t.join()
-    assert sorted(len(r) for r in results) == [0, 0, 0, latest_version()]
+    assert sorted(len(r) for r in results) == [0, 0, 0, len(migrations())]
 
 
 def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
@@ -73,7 +73,7 @@ def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
             conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
         with cyclone.Client(scratch_dsn) as client:
             run_id = client.submit(wf, {"kept": True})
-            assert migrate(conn) == list(range(3, latest_version() + 1))
+            assert migrate(conn) == [v for v, _, _ in migrations()[2:]]
             assert client.get_run(run_id).state == RunState.RUNNING
             assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
         with pytest.raises(psycopg.errors.CheckViolation) as caught:
@@ -287,7 +287,8 @@ def test_the_rules_are_triggers_and_no_check_constraint_is_left(env: TestEnv):
         " AND tgrelid IN ('cyclone_steps'::regclass, 'cyclone_runs'::regclass) ORDER BY 1"
     ).fetchall()
     assert checks == []
-    assert [t["tgname"] for t in triggers] == ["cyclone_runs_rules", "cyclone_steps_rules"]
+    names = ["cyclone_runs_ended", "cyclone_runs_rules", "cyclone_steps_rules"]  # ended: v10
+    assert [t["tgname"] for t in triggers] == names
 
 
 def test_rows_that_keep_every_rule_are_accepted(env: TestEnv):

@@ -1,0 +1,303 @@
+"""Waiting for runs to end: one listening connection per client, however many wait.
+
+Every waiter registers a future for its run, then looks at the run once itself (so a run that
+ended before the registration is not missed). One listener per client (a thread for Client, a
+task for AsyncClient) LISTENs for the run-end notifications that migration 10's trigger sends
+in the transaction that ends a run, and settles the futures of the runs named, reading all of
+them in one statement (runs_get_ended). It also checks every run waited for at an interval: often
+(POLL_UNHEARD) while notifications are not known to arrive (a probe at start-up tells; behind
+PgBouncer in transaction mode LISTEN succeeds but nothing is ever delivered) or the listening
+connection is down, rarely (POLL_HEARD) as a safety net while they arrive. The listener starts
+with the first wait and lives until the client is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import select
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+import psycopg
+
+from cyclone.db import connect
+from cyclone.models import RunStatus
+from cyclone.sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+POLL_UNHEARD = 0.5
+POLL_HEARD = 10.0
+PROBE_TIMEOUT = 1.0
+LISTEN_RETRY = 5.0
+NAME = "cyclone-waiter"
+
+F = TypeVar("F", concurrent.futures.Future, asyncio.Future)  # type: ignore[type-arg]
+
+
+class Watch(Generic[F]):
+    """Which futures wait for which runs, and which runs to look at after a wake-up."""
+
+    def __init__(self, listen: bool) -> None:
+        self.listen = listen
+        self.heard = False  # notifications were seen to arrive (the probe's)
+        self.probed = False
+        self.listening = False
+        self._lock = threading.Lock()
+        self._waiting: dict[str, list[F]] = {}
+        self._last_poll = time.monotonic()
+
+    def add(self, run_id: str, future: F) -> F:
+        with self._lock:
+            self._waiting.setdefault(run_id, []).append(future)
+        return future
+
+    def discard(self, run_id: str, future: F) -> None:
+        with self._lock:
+            futures = self._waiting.get(run_id)
+            if futures and future in futures:
+                futures.remove(future)
+                if not futures:
+                    del self._waiting[run_id]
+
+    @property
+    def interval(self) -> float:
+        return POLL_HEARD if self.listening and self.heard else POLL_UNHEARD
+
+    def due(self, woken: Iterable[str] | None) -> list[str]:
+        """The runs to look at: those named by notifications, or all of them once a poll is due
+        (`woken` None: the wait timed out)."""
+        with self._lock:
+            now = time.monotonic()
+            if woken is None or now - self._last_poll >= self.interval:
+                self._last_poll = now
+                return list(self._waiting)
+            return [r for r in set(woken) if r in self._waiting]
+
+    def settle(self, statuses: Iterable[RunStatus]) -> None:
+        for status in statuses:
+            with self._lock:
+                futures = self._waiting.pop(status.id, [])
+            for future in futures:
+                if not future.done():
+                    future.set_result(status)
+
+    def probe_token(self) -> str:
+        return f"probe:{uuid.uuid4()}"
+
+    @property
+    def mode(self) -> str:
+        return "LISTEN/NOTIFY" if self.heard else "polling (notifications do not arrive)"
+
+
+class ThreadWatcher:
+    """Client's listener: a daemon thread, woken by the socket, a timeout or close()."""
+
+    def __init__(
+        self,
+        dsn: str,
+        ended: Callable[[list[str]], list[RunStatus]],
+        probe: Callable[[str], None],
+        *,
+        listen: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.watch: Watch[concurrent.futures.Future[RunStatus]] = Watch(listen)
+        self._ended = ended
+        self._probe = probe
+        self._start = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def add(self, run_id: str) -> concurrent.futures.Future[RunStatus]:
+        with self._start:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=NAME, daemon=True)
+                self._thread.start()
+        return self.watch.add(run_id, concurrent.futures.Future())
+
+    def discard(self, run_id: str, future: concurrent.futures.Future[RunStatus]) -> None:
+        self.watch.discard(run_id, future)
+
+    def close(self) -> None:
+        with self._start:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            os.write(self._wake_w, b"x")
+            thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _run(self) -> None:
+        retry_at = 0.0
+        woken: set[str] | None = set()
+        try:
+            while not self._closed:
+                if self.watch.listen and self._conn is None and time.monotonic() >= retry_at:
+                    try:
+                        self._open()
+                        woken = None
+                    except psycopg.Error as exc:
+                        log.warning("cannot LISTEN for run ends, polling: %s", exc)
+                        self._drop()
+                        retry_at = time.monotonic() + LISTEN_RETRY
+                        woken = None
+                ids = self.watch.due(woken)
+                if ids:
+                    try:
+                        self.watch.settle(self._ended(ids))
+                    except psycopg.Error as exc:
+                        log.warning("cannot check the runs waited for: %s", exc)
+                woken = self._next_wake()
+        finally:
+            self._drop()
+
+    def _open(self) -> None:
+        """LISTEN, and probe the first time. Returns None: every run waited for is looked at
+        next, since runs may have ended before LISTEN took effect."""
+        conn = self._conn = connect(self.dsn, NAME)
+        conn.execute(QUERIES["run_end_listen"])
+        self.watch.listening = True
+        if self.watch.probed:
+            return None
+        self.watch.probed = True
+        token = self.watch.probe_token()
+        self._probe(token)
+        with contextlib.closing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
+            self.watch.heard = any(n.payload == token for n in arriving)
+        log.info("waiting for run ends: %s", self.watch.mode)
+        return None
+
+    def _next_wake(self) -> set[str] | None:
+        fds = [self._wake_r] + ([self._conn.fileno()] if self._conn is not None else [])
+        ready, _, _ = select.select(fds, [], [], self.watch.interval)
+        if not ready:
+            return None
+        if self._wake_r in ready:
+            os.read(self._wake_r, 64)
+        if self._conn is None or self._conn.fileno() not in ready:
+            return set()
+        try:
+            return {n.payload for n in self._conn.notifies(timeout=0)}
+        except psycopg.Error as exc:
+            log.warning("lost the LISTEN connection for run ends, polling: %s", exc)
+            self._drop()
+            return None
+
+    def _drop(self) -> None:
+        self.watch.listening = False
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class AsyncWatcher:
+    """AsyncClient's listener: one task on the client's event loop."""
+
+    def __init__(
+        self,
+        dsn: str,
+        ended: Callable[[list[str]], Awaitable[list[RunStatus]]],
+        probe: Callable[[str], Awaitable[None]],
+        *,
+        listen: bool = True,
+    ) -> None:
+        self.dsn = dsn
+        self.watch: Watch[asyncio.Future[RunStatus]] = Watch(listen)
+        self._ended = ended
+        self._probe = probe
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    def add(self, run_id: str) -> asyncio.Future[RunStatus]:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name=NAME)
+        return self.watch.add(run_id, loop.create_future())
+
+    def discard(self, run_id: str, future: asyncio.Future[RunStatus]) -> None:
+        self.watch.discard(run_id, future)
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        retry_at = 0.0
+        woken: set[str] | None = set()
+        try:
+            while True:
+                if self.watch.listen and self._conn is None and time.monotonic() >= retry_at:
+                    try:
+                        await self._open()
+                        woken = None
+                    except psycopg.Error as exc:
+                        log.warning("cannot LISTEN for run ends, polling: %s", exc)
+                        await self._drop()
+                        retry_at = time.monotonic() + LISTEN_RETRY
+                        woken = None
+                ids = self.watch.due(woken)
+                if ids:
+                    try:
+                        self.watch.settle(await self._ended(ids))
+                    except psycopg.Error as exc:
+                        log.warning("cannot check the runs waited for: %s", exc)
+                woken = await self._next_wake()
+        finally:
+            await self._drop()
+
+    async def _open(self) -> None:
+        conn = self._conn = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, fallback_application_name=NAME
+        )
+        await conn.execute(QUERIES["run_end_listen"])
+        self.watch.listening = True
+        if self.watch.probed:
+            return None
+        self.watch.probed = True
+        token = self.watch.probe_token()
+        await self._probe(token)
+        async with contextlib.aclosing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
+            async for n in arriving:
+                if n.payload == token:
+                    self.watch.heard = True
+                    break
+        log.info("waiting for run ends: %s", self.watch.mode)
+        return None
+
+    async def _next_wake(self) -> set[str] | None:
+        if self._conn is None:
+            await asyncio.sleep(self.watch.interval)
+            return None
+        try:
+            got = [n.payload async for n in self._conn.notifies(
+                timeout=self.watch.interval, stop_after=1)]  # fmt: skip
+            if not got:
+                return None
+            # Whatever else already arrived, so one statement reads them all.
+            got += [n.payload async for n in self._conn.notifies(timeout=0)]
+        except psycopg.Error as exc:
+            log.warning("lost the LISTEN connection for run ends, polling: %s", exc)
+            await self._drop()
+            return None
+        return set(got)
+
+    async def _drop(self) -> None:
+        self.watch.listening = False
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.close()
