@@ -27,9 +27,7 @@ from cyclone.calls import (
     Call,
     Calls,
     adrive,
-    ended_call,
     outcome,
-    probe_call,
     remaining,
     run_uuid,
     timeout_seconds,
@@ -52,6 +50,7 @@ class AsyncClient(Calls):
         super().__init__(dsn, **options)
         self._pool: AsyncConnectionPool | None = None
         self._watcher: AsyncWatcher | None = None
+        self._closed = False
 
     # -- connections ---
 
@@ -61,6 +60,9 @@ class AsyncClient(Calls):
         if conn is not None:
             yield conn
             return
+        if self._closed:
+            # Tasks still running when the client closed must not open a new pool.
+            raise RuntimeError("the AsyncClient is closed")
         if self._pool is None:
             # No await between the test and the assignment: one pool, however many tasks.
             self._pool = AsyncConnectionPool(
@@ -99,6 +101,7 @@ class AsyncClient(Calls):
         return await asyncio.shield(asyncio.ensure_future(call()))
 
     async def close(self) -> None:
+        self._closed = True
         watcher, self._watcher = self._watcher, None
         pool, self._pool = self._pool, None
         if watcher is not None:
@@ -179,8 +182,10 @@ class AsyncClient(Calls):
         rid = run_uuid(run_id)
         if self._on_wait is not None:
             self._on_wait(rid)
+        if self._closed:
+            raise RuntimeError("the AsyncClient is closed")
         if self._watcher is None:
-            self._watcher = AsyncWatcher(self.dsn, self._ended, self._probe, listen=self._listen)
+            self._watcher = AsyncWatcher(self.dsn, listen=self._listen)
         watcher = self._watcher
         future = watcher.add(rid)
         try:
@@ -197,12 +202,6 @@ class AsyncClient(Calls):
     async def result(self, run_id: str, timeout: timedelta | float | None = None) -> Any:
         """The run's output once it completed; RunFailed or RunCancelled if it did not."""
         return outcome(await self.wait(run_id, timeout))
-
-    async def _ended(self, run_ids: list[str]) -> list[RunStatus]:
-        return await self._run(ended_call(run_ids))
-
-    async def _probe(self, token: str) -> None:
-        await self._run(probe_call(token))
 
     # -- control ---
 

@@ -22,9 +22,7 @@ from cyclone.calls import (
     Calls,
     deadline_seconds,
     drive,
-    ended_call,
     outcome,
-    probe_call,
     remaining,
     run_uuid,
     timeout_seconds,
@@ -187,16 +185,8 @@ class Client(Calls):
     def _waiter(self) -> ThreadWatcher:
         with self._lock:
             if self._watcher is None:
-                self._watcher = ThreadWatcher(
-                    self.dsn, self._ended, self._probe, listen=self._listen
-                )
+                self._watcher = ThreadWatcher(self.dsn, listen=self._listen)
             return self._watcher
-
-    def _ended(self, run_ids: list[str]) -> list[RunStatus]:
-        return self._run(ended_call(run_ids))  # type: ignore[no-any-return]
-
-    def _probe(self, token: str) -> None:
-        self._run(probe_call(token))
 
     # -- control ---
 

@@ -1,14 +1,16 @@
 """Waiting for runs to end: one listening connection per client, however many wait.
 
 Every waiter registers a future for its run, then looks at the run once itself (so a run that
-ended before the registration is not missed). One listener per client (a thread for Client, a
-task for AsyncClient) LISTENs for the run-end notifications that migration 10's trigger sends
-in the transaction that ends a run, and settles the futures of the runs named, reading all of
-them in one statement (runs_get_ended). It also checks every run waited for at an interval: often
-(POLL_UNHEARD) while notifications are not known to arrive (a probe at start-up tells; behind
-PgBouncer in transaction mode LISTEN succeeds but nothing is ever delivered) or the listening
-connection is down, rarely (POLL_HEARD) as a safety net while they arrive. The listener starts
-with the first wait and lives until the client is closed.
+ended before the registration is not missed). One watcher per client (a thread for Client, a
+task for AsyncClient), on one connection of its own, LISTENs for the run-end notifications that
+migration 10's trigger sends in the transaction that ends a run, and settles the futures of the
+runs named, reading all of them in one statement (runs_get_ended) on that same connection. It
+also checks every run waited for at an interval: often (POLL_UNHEARD) while notifications are
+not known to arrive, rarely (POLL_HEARD) as a safety net while they do. Whether they arrive, a
+probe sent from another session tells once, when the watcher first connects: behind PgBouncer
+in transaction mode LISTEN succeeds but nothing is ever delivered, and the watcher then only
+polls. It starts with the first wait and lives until the client is closed; a lost connection is
+opened again (every run waited for is then looked at, as ends may have been missed).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import select
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 import psycopg
 
+from cyclone.calls import adrive, drive, ended_call, probe_call
 from cyclone.db import connect
 from cyclone.models import RunStatus
 from cyclone.sql import QUERIES
@@ -46,10 +49,10 @@ class Watch(Generic[F]):
     """Which futures wait for which runs, and which runs to look at after a wake-up."""
 
     def __init__(self, listen: bool) -> None:
-        self.listen = listen
+        self.listen = listen  # wanted, and not found not to work
         self.heard = False  # notifications were seen to arrive (the probe's)
         self.probed = False
-        self.listening = False
+        self.listening = False  # on a connection that is up
         self._lock = threading.Lock()
         self._waiting: dict[str, list[F]] = {}
         self._last_poll = time.monotonic()
@@ -98,20 +101,11 @@ class Watch(Generic[F]):
 
 
 class ThreadWatcher:
-    """Client's listener: a daemon thread, woken by the socket, a timeout or close()."""
+    """Client's watcher: a daemon thread, woken by its socket, a timeout or close()."""
 
-    def __init__(
-        self,
-        dsn: str,
-        ended: Callable[[list[str]], list[RunStatus]],
-        probe: Callable[[str], None],
-        *,
-        listen: bool = True,
-    ) -> None:
+    def __init__(self, dsn: str, *, listen: bool = True) -> None:
         self.dsn = dsn
         self.watch: Watch[concurrent.futures.Future[RunStatus]] = Watch(listen)
-        self._ended = ended
-        self._probe = probe
         self._start = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -142,57 +136,63 @@ class ThreadWatcher:
 
     def _run(self) -> None:
         retry_at = 0.0
-        woken: set[str] | None = set()
+        woken: set[str] | None = None
         try:
             while not self._closed:
-                if self.watch.listen and self._conn is None and time.monotonic() >= retry_at:
+                if self._conn is None and time.monotonic() >= retry_at:
                     try:
                         self._open()
                         woken = None
                     except psycopg.Error as exc:
-                        log.warning("cannot LISTEN for run ends, polling: %s", exc)
+                        log.warning("cannot watch for run ends: %s", exc)
                         self._drop()
                         retry_at = time.monotonic() + LISTEN_RETRY
-                        woken = None
-                ids = self.watch.due(woken)
-                if ids:
+                if self._conn is not None and (ids := self.watch.due(woken)):
                     try:
-                        self.watch.settle(self._ended(ids))
+                        self.watch.settle(drive(ended_call(ids), self._conn))
                     except psycopg.Error as exc:
-                        log.warning("cannot check the runs waited for: %s", exc)
+                        log.warning("lost the connection watching for run ends: %s", exc)
+                        self._drop()
                 woken = self._next_wake()
         finally:
             self._drop()
 
     def _open(self) -> None:
-        """LISTEN, and probe the first time. Returns None: every run waited for is looked at
-        next, since runs may have ended before LISTEN took effect."""
+        """Connect; LISTEN unless notifications were found not to arrive (probed once)."""
         conn = self._conn = connect(self.dsn, NAME)
+        if not self.watch.listen:
+            return
         conn.execute(QUERIES["run_end_listen"])
+        if not self.watch.probed:
+            self.watch.probed = True
+            token = self.watch.probe_token()
+            with connect(self.dsn, NAME) as other:
+                drive(probe_call(token), other)
+            with contextlib.closing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
+                self.watch.heard = any(n.payload == token for n in arriving)
+            log.info("waiting for run ends: %s", self.watch.mode)
+            if not self.watch.heard:
+                self.watch.listen = False
+                conn.execute(QUERIES["run_end_unlisten"])
+                return
         self.watch.listening = True
-        if self.watch.probed:
-            return None
-        self.watch.probed = True
-        token = self.watch.probe_token()
-        self._probe(token)
-        with contextlib.closing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
-            self.watch.heard = any(n.payload == token for n in arriving)
-        log.info("waiting for run ends: %s", self.watch.mode)
-        return None
 
     def _next_wake(self) -> set[str] | None:
-        fds = [self._wake_r] + ([self._conn.fileno()] if self._conn is not None else [])
+        """What woke the thread: notifications (their payloads), close() (nothing), or the
+        interval passing (None: look at every run)."""
+        listening = self._conn if self.watch.listening else None
+        fds = [self._wake_r] + ([listening.fileno()] if listening is not None else [])
         ready, _, _ = select.select(fds, [], [], self.watch.interval)
         if not ready:
             return None
         if self._wake_r in ready:
             os.read(self._wake_r, 64)
-        if self._conn is None or self._conn.fileno() not in ready:
+        if listening is None or listening.fileno() not in ready:
             return set()
         try:
-            return {n.payload for n in self._conn.notifies(timeout=0)}
+            return {n.payload for n in listening.notifies(timeout=0)}
         except psycopg.Error as exc:
-            log.warning("lost the LISTEN connection for run ends, polling: %s", exc)
+            log.warning("lost the connection watching for run ends: %s", exc)
             self._drop()
             return None
 
@@ -204,20 +204,11 @@ class ThreadWatcher:
 
 
 class AsyncWatcher:
-    """AsyncClient's listener: one task on the client's event loop."""
+    """AsyncClient's watcher: one task on the client's event loop."""
 
-    def __init__(
-        self,
-        dsn: str,
-        ended: Callable[[list[str]], Awaitable[list[RunStatus]]],
-        probe: Callable[[str], Awaitable[None]],
-        *,
-        listen: bool = True,
-    ) -> None:
+    def __init__(self, dsn: str, *, listen: bool = True) -> None:
         self.dsn = dsn
         self.watch: Watch[asyncio.Future[RunStatus]] = Watch(listen)
-        self._ended = ended
-        self._probe = probe
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
@@ -238,49 +229,57 @@ class AsyncWatcher:
 
     async def _run(self) -> None:
         retry_at = 0.0
-        woken: set[str] | None = set()
+        woken: set[str] | None = None
         try:
             while True:
-                if self.watch.listen and self._conn is None and time.monotonic() >= retry_at:
+                if self._conn is None and time.monotonic() >= retry_at:
                     try:
                         await self._open()
                         woken = None
                     except psycopg.Error as exc:
-                        log.warning("cannot LISTEN for run ends, polling: %s", exc)
+                        log.warning("cannot watch for run ends: %s", exc)
                         await self._drop()
                         retry_at = time.monotonic() + LISTEN_RETRY
-                        woken = None
-                ids = self.watch.due(woken)
-                if ids:
+                if self._conn is not None and (ids := self.watch.due(woken)):
                     try:
-                        self.watch.settle(await self._ended(ids))
+                        self.watch.settle(await adrive(ended_call(ids), self._conn))
                     except psycopg.Error as exc:
-                        log.warning("cannot check the runs waited for: %s", exc)
+                        log.warning("lost the connection watching for run ends: %s", exc)
+                        await self._drop()
                 woken = await self._next_wake()
         finally:
             await self._drop()
 
-    async def _open(self) -> None:
-        conn = self._conn = await psycopg.AsyncConnection.connect(
+    async def _connect(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
             self.dsn, autocommit=True, fallback_application_name=NAME
         )
+
+    async def _open(self) -> None:
+        """Connect; LISTEN unless notifications were found not to arrive (probed once)."""
+        conn = self._conn = await self._connect()
+        if not self.watch.listen:
+            return
         await conn.execute(QUERIES["run_end_listen"])
+        if not self.watch.probed:
+            self.watch.probed = True
+            token = self.watch.probe_token()
+            async with await self._connect() as other:
+                await adrive(probe_call(token), other)
+            async with contextlib.aclosing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
+                async for n in arriving:
+                    if n.payload == token:
+                        self.watch.heard = True
+                        break
+            log.info("waiting for run ends: %s", self.watch.mode)
+            if not self.watch.heard:
+                self.watch.listen = False
+                await conn.execute(QUERIES["run_end_unlisten"])
+                return
         self.watch.listening = True
-        if self.watch.probed:
-            return None
-        self.watch.probed = True
-        token = self.watch.probe_token()
-        await self._probe(token)
-        async with contextlib.aclosing(conn.notifies(timeout=PROBE_TIMEOUT)) as arriving:
-            async for n in arriving:
-                if n.payload == token:
-                    self.watch.heard = True
-                    break
-        log.info("waiting for run ends: %s", self.watch.mode)
-        return None
 
     async def _next_wake(self) -> set[str] | None:
-        if self._conn is None:
+        if not self.watch.listening or self._conn is None:
             await asyncio.sleep(self.watch.interval)
             return None
         try:
@@ -291,7 +290,7 @@ class AsyncWatcher:
             # Whatever else already arrived, so one statement reads them all.
             got += [n.payload async for n in self._conn.notifies(timeout=0)]
         except psycopg.Error as exc:
-            log.warning("lost the LISTEN connection for run ends, polling: %s", exc)
+            log.warning("lost the connection watching for run ends: %s", exc)
             await self._drop()
             return None
         return set(got)

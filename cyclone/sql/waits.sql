@@ -4,6 +4,9 @@
 -- name: run_end_listen
 LISTEN cyclone_run_ended;
 
+-- name: run_end_unlisten
+UNLISTEN cyclone_run_ended;
+
 -- name: run_end_probe
 -- Sent from another session once a listener is up: behind PgBouncer in transaction mode LISTEN
 -- succeeds but nothing is ever delivered, and only a notification that arrives tells.
