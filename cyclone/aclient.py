@@ -189,8 +189,9 @@ class AsyncClient(Calls):
         watcher = self._watcher
         future = watcher.add(rid)
         try:
-            status = await self.get_run(rid)
-            if status.state.terminal:
+            call = self._wait_start(rid, run_id, watcher.watch.registration)
+            status = await self._run(call)
+            if status is not None:
                 return status
             try:
                 return await asyncio.wait_for(future, remaining(limit, started))

@@ -247,6 +247,17 @@ class Calls:
             raise RunNotFound(f"no run {run_id!r}")
         return RunStatus.from_row(row)
 
+    def _wait_start(self, rid: str, run_id: str, watcher: str | None) -> Call[RunStatus | None]:
+        """A waiter's first look: the run's status if it ended, else None (and it is registered
+        for a notification of its end when `watcher` is given)."""
+        params = {"run_id": rid, "watcher": watcher}
+        row = yield Statement("run_wait_register", params, "one")
+        if row is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        if not RunState(row["state"]).terminal:
+            return None
+        return (yield from self._get_run(rid, run_id))
+
     def _steps_call(self, run_id: str) -> Call[list[StepInfo]]:
         return self._steps(run_uuid(run_id), run_id)
 

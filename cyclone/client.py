@@ -168,8 +168,9 @@ class Client(Calls):
         watcher = self._waiter()
         future = watcher.add(rid)
         try:
-            status = self.get_run(rid)
-            if status.state.terminal:
+            call = self._wait_start(rid, run_id, watcher.watch.registration)
+            status = self._run(call)
+            if status is not None:
                 return status
             try:
                 return future.result(remaining(limit, started))

@@ -49,6 +49,7 @@ class Watch(Generic[F]):
     """Which futures wait for which runs, and which runs to look at after a wake-up."""
 
     def __init__(self, listen: bool) -> None:
+        self.id = str(uuid.uuid4())  # names this watcher's rows in cyclone_run_waiters
         self.listen = listen  # wanted, and not found not to work
         self.heard = False  # notifications were seen to arrive (the probe's)
         self.probed = False
@@ -91,6 +92,11 @@ class Watch(Generic[F]):
             for future in futures:
                 if not future.done():
                     future.set_result(status)
+
+    @property
+    def registration(self) -> str | None:
+        """What a waiter registers its run with: this watcher, unless it only polls."""
+        return self.id if self.listen else None
 
     def probe_token(self) -> str:
         return f"probe:{uuid.uuid4()}"

@@ -180,9 +180,7 @@ def test_cancelling_a_child_run_fails_its_parent_in_the_same_call(client, env: T
 # -- the harness: waits run the run, deadlines included ---
 
 
-def test_the_harness_runs_a_run_past_its_deadline_when_its_result_is_awaited(
-    client, env: TestEnv
-):
+def test_the_harness_runs_a_run_past_its_deadline_when_its_result_is_awaited(client, env: TestEnv):
     run_id = client.submit(wait_wf, {}, run_deadline=timedelta(hours=1))
     with pytest.raises(cyclone.RunFailed) as failed:
         client.result(run_id)

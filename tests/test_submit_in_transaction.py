@@ -85,18 +85,18 @@ def test_psycopg_rolled_back_first_submit_leaves_the_client_able_to_submit(env: 
 
 def test_psycopg_async(app: TestEnv):
     async def main() -> tuple[str, str]:
-        async with cyclone.AsyncClient(app.dsn) as client:
-            async with await psycopg.AsyncConnection.connect(app.dsn) as conn:
+        async with (
+            cyclone.AsyncClient(app.dsn) as client,
+            await psycopg.AsyncConnection.connect(app.dsn) as conn,
+        ):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO app_orders (item) VALUES (%s)", ("kept",))
+                kept = await client.submit(orders, {"item": "kept"}, conn=conn)
+            with pytest.raises(Rollback):
                 async with conn.transaction():
-                    await conn.execute("INSERT INTO app_orders (item) VALUES (%s)", ("kept",))
-                    kept = await client.submit(orders, {"item": "kept"}, conn=conn)
-                with pytest.raises(Rollback):
-                    async with conn.transaction():
-                        await conn.execute(
-                            "INSERT INTO app_orders (item) VALUES (%s)", ("dropped",)
-                        )
-                        dropped = await client.submit(orders, {"item": "dropped"}, conn=conn)
-                        raise Rollback
+                    await conn.execute("INSERT INTO app_orders (item) VALUES (%s)", ("dropped",))
+                    dropped = await client.submit(orders, {"item": "dropped"}, conn=conn)
+                    raise Rollback
         return kept, dropped
 
     _check(app, *asyncio.run(main()))

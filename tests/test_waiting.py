@@ -13,6 +13,7 @@ from test_cli_support import run_cli
 
 import cyclone
 from cyclone import waiting
+from cyclone.db import connect
 from cyclone.states import RunState
 from cyclone.testing import TestEnv
 
@@ -45,7 +46,9 @@ def test_hundreds_of_async_waiters_share_one_listening_connection(env: TestEnv):
                 await asyncio.sleep(0.01)
             sessions = await asyncio.to_thread(_sessions, env, name)
             assert sessions <= 4 + 1  # the pool and the one listener
-            env.conn.execute("UPDATE cyclone_runs SET state = 'cancelled', finished_at = now()")
+            # Off the loop: the waiters' registrations lock their runs until they commit.
+            end_all = "UPDATE cyclone_runs SET state = 'cancelled', finished_at = now()"
+            await asyncio.to_thread(env.conn.execute, end_all)
             return await asyncio.gather(*waits)
 
     statuses = asyncio.run(main())
@@ -140,9 +143,7 @@ def test_run_wait_exits_0_once_the_run_completed(capsys, env: TestEnv, monkeypat
     assert r.code == 0 and "completed" in r.out and "done" in r.out
 
 
-def test_run_wait_exits_1_for_a_failed_or_cancelled_run_and_after_the_timeout(
-    capsys, env: TestEnv
-):
+def test_run_wait_exits_1_for_a_failed_or_cancelled_run_and_after_the_timeout(capsys, env: TestEnv):
     cancelled = env.client.submit(held, {})
     env.client.cancel(cancelled)
     r = run_cli(capsys, env, "run", cancelled, "--wait", "--json")
@@ -161,3 +162,23 @@ def test_run_wait_exits_1_for_a_failed_or_cancelled_run_and_after_the_timeout(
     assert r.code == 2 and "--timeout needs --wait" in r.err
     r = run_cli(capsys, env, "run", running)
     assert r.code == 0  # without --wait, the state of a run does not change the exit status
+
+
+def test_only_runs_that_are_waited_for_notify_their_end(env: TestEnv):
+    alone, waited = env.client.submit_many(held, [{}, {}])
+    with connect(env.dsn) as listener, cyclone.Client(env.dsn) as client:
+        listener.execute("LISTEN cyclone_run_ended")
+        with pytest.raises(TimeoutError):
+            client.wait(waited, timeout=0)  # registers the run, then gives up
+        rows = env.conn.execute("SELECT run_id::text FROM cyclone_run_waiters").fetchall()
+        assert [r["run_id"] for r in rows] == [waited]
+        env.client.cancel(alone)
+        env.client.cancel(waited)
+        # Delivered in commit order: had `alone` notified, it would have come before `waited`.
+        seen = []
+        for n in listener.notifies(timeout=10):
+            seen.append(n.payload)
+            if n.payload == waited:
+                break
+        assert waited in seen and alone not in seen
+    assert env.conn.execute("SELECT count(*) AS n FROM cyclone_run_waiters").fetchone()["n"] == 0
