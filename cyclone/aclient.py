@@ -189,7 +189,7 @@ class AsyncClient(Calls):
         watcher = self._watcher
         future = watcher.add(rid)
         try:
-            call = self._wait_start(rid, run_id, watcher.watch.registration)
+            call = self._wait_start(rid, run_id, watcher.watch.register)
             status = await self._run(call)
             if status is not None:
                 return status

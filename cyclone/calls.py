@@ -247,11 +247,12 @@ class Calls:
             raise RunNotFound(f"no run {run_id!r}")
         return RunStatus.from_row(row)
 
-    def _wait_start(self, rid: str, run_id: str, watcher: str | None) -> Call[RunStatus | None]:
-        """A waiter's first look: the run's status if it ended, else None (and it is registered
-        for a notification of its end when `watcher` is given)."""
-        params = {"run_id": rid, "watcher": watcher}
-        row = yield Statement("run_wait_register", params, "one")
+    def _wait_start(self, rid: str, run_id: str, register: bool) -> Call[RunStatus | None]:
+        """A waiter's first look: the run's status if it ended, else None. With `register`,
+        the run is marked so that its end is notified."""
+        if register and (yield Statement("run_wait_register", {"run_id": rid}, "one")):
+            return None
+        row = yield Statement("run_exists", {"run_id": rid}, "one")
         if row is None:
             raise RunNotFound(f"no run {run_id!r}")
         if not RunState(row["state"]).terminal:

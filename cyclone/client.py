@@ -168,7 +168,7 @@ class Client(Calls):
         watcher = self._waiter()
         future = watcher.add(rid)
         try:
-            call = self._wait_start(rid, run_id, watcher.watch.registration)
+            call = self._wait_start(rid, run_id, watcher.watch.register)
             status = self._run(call)
             if status is not None:
                 return status

@@ -1,16 +1,17 @@
-"""Waiting for runs to end: one listening connection per client, however many wait.
+"""Waiting for runs to end: one watcher connection per client, however many wait.
 
-Every waiter registers a future for its run, then looks at the run once itself (so a run that
-ended before the registration is not missed). One watcher per client (a thread for Client, a
-task for AsyncClient), on one connection of its own, LISTENs for the run-end notifications that
-migration 10's trigger sends in the transaction that ends a run, and settles the futures of the
-runs named, reading all of them in one statement (runs_get_ended) on that same connection. It
-also checks every run waited for at an interval: often (POLL_UNHEARD) while notifications are
-not known to arrive, rarely (POLL_HEARD) as a safety net while they do. Whether they arrive, a
-probe sent from another session tells once, when the watcher first connects: behind PgBouncer
-in transaction mode LISTEN succeeds but nothing is ever delivered, and the watcher then only
-polls. It starts with the first wait and lives until the client is closed; a lost connection is
-opened again (every run waited for is then looked at, as ends may have been missed).
+Every waiter registers a future for its run, then looks at the run once itself, marking it as
+waited for (run_wait_register) so that its end is notified: migration 10's trigger sends a
+notification on cyclone_run_ended, in the transaction that ends a run, for such runs only.
+One watcher per client (a thread for Client, a task for AsyncClient), on one connection of its
+own, LISTENs and settles the futures of the runs named, reading all of them in one statement
+(runs_get_ended) on that same connection. It also checks every run waited for at an interval:
+often (POLL_UNHEARD) while notifications are not known to arrive, rarely (POLL_HEARD) as a
+safety net while they do. Whether they arrive, a probe sent from another session tells once,
+when the watcher first connects: behind PgBouncer in transaction mode LISTEN succeeds but
+nothing is ever delivered, and the watcher then only polls (and waiters no longer mark their
+runs). It starts with the first wait and lives until the client is closed; a lost connection
+is opened again, and every run waited for is then looked at.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ class Watch(Generic[F]):
     """Which futures wait for which runs, and which runs to look at after a wake-up."""
 
     def __init__(self, listen: bool) -> None:
-        self.id = str(uuid.uuid4())  # names this watcher's rows in cyclone_run_waiters
         self.listen = listen  # wanted, and not found not to work
         self.heard = False  # notifications were seen to arrive (the probe's)
         self.probed = False
@@ -94,9 +94,9 @@ class Watch(Generic[F]):
                     future.set_result(status)
 
     @property
-    def registration(self) -> str | None:
-        """What a waiter registers its run with: this watcher, unless it only polls."""
-        return self.id if self.listen else None
+    def register(self) -> bool:
+        """Whether waiters mark their runs for a notification: not once the watcher polls."""
+        return self.listen
 
     def probe_token(self) -> str:
         return f"probe:{uuid.uuid4()}"

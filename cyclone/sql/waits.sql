@@ -5,20 +5,14 @@
 LISTEN cyclone_run_ended;
 
 -- name: run_wait_register
--- A waiter's first look at its run, registering it (with %(watcher)s, its client's watcher) so
--- that its end is notified (migration 10). The row lock FOR SHARE waits for a transaction that
--- is ending the run (any UPDATE of the row locks it) and makes one that comes later wait for
--- this one: either the end is seen here, or the end sees the registration. Only a run that
--- can still end is registered; NULL %(watcher)s registers nothing (the client polls).
-WITH run AS (
-    SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s FOR SHARE
-), registered AS (
-    INSERT INTO cyclone_run_waiters (run_id, watcher)
-    SELECT id, %(watcher)s::uuid FROM run
-     WHERE %(watcher)s::uuid IS NOT NULL AND state IN ('running', 'paused')
-    ON CONFLICT DO NOTHING
-)
-SELECT state FROM run;
+-- A waiter marks its run as waited for, so that its end is notified (migration 10). The
+-- UPDATE waits for a transaction that is ending the run (it holds the row's lock) and then
+-- finds it ended and changes nothing; one that ends the run later waits for this one and
+-- sees `waited`. No row back: the run ended, was marked already, or does not exist, and
+-- run_exists, a statement later (so on a snapshot taken after this one), tells which.
+UPDATE cyclone_runs SET waited = true
+ WHERE id = %(run_id)s AND NOT waited AND state IN ('running', 'paused')
+RETURNING state;
 
 -- name: run_end_unlisten
 UNLISTEN cyclone_run_ended;
