@@ -122,7 +122,7 @@ class ThreadWatcher:
         with self._start:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=NAME, daemon=True)
                 self._thread.start()
         return self.watch.add(run_id, concurrent.futures.Future())
