@@ -17,7 +17,7 @@ from test_cli_support import (
     run_cli,
 )
 
-from cyclone.migrate import latest_version
+from cyclone.sql import migrations
 from cyclone.states import DEADLINE_ERROR, RunState, StepState
 from cyclone.testing import TestEnv
 
@@ -97,7 +97,8 @@ def test_a_schema_without_cyclone_tables_says_to_migrate(capsys, scratch_dsn):
     r = run_cli(capsys, None, "--dsn", dsn, "runs")
     assert r.code == 2 and "cyclone migrate" in r.err
     r = run_cli(capsys, None, "--dsn", dsn, "migrate", "--json")
-    assert r.code == 0 and r.json()["applied"] == list(range(1, latest_version() + 1))
+    # Every migration, in order (the numbering may have gaps).
+    assert r.code == 0 and r.json()["applied"] == [v for v, _, _ in migrations()]
     r = run_cli(capsys, None, "--dsn", dsn, "migrate")
     assert r.code == 0 and "up to date" in r.err
     assert run_cli(capsys, None, "--dsn", dsn, "runs").code == 0
