@@ -6,6 +6,7 @@ nothing is lost: runs and steps live in PostgreSQL, and the database clock is th
 
 from __future__ import annotations
 
+from cyclone.aclient import AsyncClient
 from cyclone.client import Client, submit
 from cyclone.context import StepContext
 from cyclone.errors import (
@@ -14,6 +15,8 @@ from cyclone.errors import (
     GraphError,
     PayloadTooLarge,
     PermanentError,
+    RunCancelled,
+    RunFailed,
     RunNotFound,
     RunStuck,
     StepNotFound,
@@ -25,6 +28,7 @@ from cyclone.states import ErrorKind, NodeKind, RunState, StepState
 from cyclone.workflow import Node, Registry, Workflow
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "ConfigError",
     "CycloneError",
@@ -36,6 +40,8 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "Registry",
+    "RunCancelled",
+    "RunFailed",
     "RunNotFound",
     "RunState",
     "RunStatus",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
@@ -213,27 +212,6 @@ def retrying(fn: Callable[[], T]) -> T:
             if attempt == _RETRIES - 1:
                 raise
     raise AssertionError("unreachable")
-
-
-class DictRows:
-    """A caller's connection, seen with dict rows, whose transaction is the caller's own.
-
-    Work done through it joins the caller's transaction and never commits it: the caller's
-    commit or rollback decides.
-    """
-
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
-        self._conn = conn
-
-    def execute(self, query: Any, params: Any = None) -> psycopg.Cursor[dict[str, Any]]:
-        return self._conn.cursor(row_factory=dict_row).execute(query, params)
-
-    def transaction(self) -> Any:
-        return contextlib.nullcontext()
-
-
-def callers(conn: psycopg.Connection[Any]) -> DictRows:
-    return DictRows(conn)
 
 
 def check_text(value: str, what: str) -> None:

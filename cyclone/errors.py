@@ -45,3 +45,23 @@ class LeaseLost(CycloneError):
     Raised by `ctx.transaction()` when the lease was already revoked or reclaimed; the
     attempt's effects written through it are rolled back, never committed.
     """
+
+class RunFailed(CycloneError):
+    """`result()` of a run that failed: `error_kind` and `error` say why (a dead step's)."""
+
+    def __init__(self, run_id: str, error_kind: str | None, error: str | None) -> None:
+        self.run_id = run_id
+        self.error_kind = error_kind
+        self.error = error
+        why = f"{error_kind or 'error'}: {error or ''}".rstrip(": ")
+        super().__init__(f"run {run_id} failed: {why}")
+
+
+class RunCancelled(CycloneError):
+    """`result()` of a run that was cancelled."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.error_kind = "cancelled"
+        self.error = "run cancelled"
+        super().__init__(f"run {run_id} was cancelled")

@@ -4,6 +4,10 @@
 workflows as a supervisor would, and runs due steps with the very engine functions the worker
 and scanner processes use. Its clock is the database clock shifted by `advance_time`: time
 gates (retries, sleeps, max_wait, run deadlines) are crossed without sleeping.
+
+`env.client` and `env.async_client()` are a Client and an AsyncClient on the env. Their `wait`
+and `result` first run the run to its end in-process, as `run_until_complete` does, so code
+that submits and then awaits a result works under test with no worker and no waiting.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cyclone import engine, runner
+from cyclone.aclient import AsyncClient
 from cyclone.client import Client
 from cyclone.context import Effects
 from cyclone.db import connect
@@ -65,7 +70,9 @@ class TestEnv:
             self._offset = timedelta()
             self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
             self._mono_start = time.monotonic()
-            self.client = Client(self.dsn, _clock=self.now, _on_workflow=self.register)
+            self.client = Client(
+                self.dsn, _clock=self.now, _on_workflow=self.register, _on_wait=self._finish
+            )
             self.register(*workflows)
         except BaseException:
             # No half-made env: its connections and schema must not outlive the failure (an
@@ -76,6 +83,13 @@ class TestEnv:
             with contextlib.suppress(psycopg.Error):
                 self._drop_schema()
             raise
+
+    def async_client(self, **kwargs: Any) -> AsyncClient:
+        """An AsyncClient on this env, like `env.client`; open it in the test's event loop
+        (`async with env.async_client() as client:`) and close it there."""
+        return AsyncClient(
+            self.dsn, _clock=self.now, _on_workflow=self.register, _on_wait=self._finish, **kwargs
+        )
 
     # -- setup ---
 
@@ -176,6 +190,10 @@ class TestEnv:
             elif not self.run_until_idle(max_steps):
                 raise RunStuck(self._stuck_reason(run_id))
         raise RunStuck(f"run {run_id} did not finish within {max_steps} rounds")
+
+    def _finish(self, run_id: str) -> None:
+        """Before a client's wait: the run is run to its end (RunStuck if it cannot end)."""
+        self.run_until_complete(run_id)
 
     def _stuck_reason(self, run_id: str) -> str:
         waits = [s for s in self.client.steps(run_id) if s.state == "waiting"]

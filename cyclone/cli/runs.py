@@ -23,9 +23,10 @@ from cyclone.cli.common import (
     text_arg,
     to_jsonable,
 )
+from cyclone.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
 from cyclone.errors import PayloadTooLarge, RunNotFound
-from cyclone.models import node_label
+from cyclone.models import RunStatus, node_label
 from cyclone.sql import QUERIES
 from cyclone.states import RunState, StepState
 
@@ -56,6 +57,14 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("run", parents=common, help="one run's state, error and output")
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the run to end; exit 0 if it completed, 1 if it failed or was cancelled",
+    )
+    p.add_argument(
+        "--timeout", type=duration_arg, help="with --wait: give up after this long, e.g. 30s"
+    )
     p.set_defaults(run=show_run)
 
     p = sub.add_parser(
@@ -156,10 +165,19 @@ def list_runs(session: Session, args: argparse.Namespace) -> int:
 
 
 def show_run(session: Session, args: argparse.Namespace) -> int:
-    st = session.client().get_run(args.run_id)
+    if args.timeout is not None and not args.wait:
+        raise CliError(USAGE, "--timeout needs --wait")
+    client = session.client()
+    if args.wait:
+        st = _wait(client, args.run_id, args.timeout)
+        if st is None:
+            return REFUSED
+    else:
+        st = client.get_run(args.run_id)
+    status = OK if not args.wait or st.state == RunState.COMPLETED else REFUSED
     if args.json:
         emit_json(st)
-        return OK
+        return status
     fields = to_jsonable(st)
     # One record, field per line: a long input or error must not squeeze the field names.
     console().print(
@@ -170,7 +188,17 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
         ),
         soft_wrap=True,
     )
-    return OK
+    return status
+
+def _wait(client: Client, run_id: str, timeout: float | None) -> RunStatus | None:
+    try:
+        return client.wait(run_id, timeout)
+    except TimeoutError:
+        state = client.get_run(run_id).state
+        message(f"run {run_id} is still {state.value} after {seconds(timeout)}")
+        return None
+    finally:
+        client.close()  # its listener, before the command's connection is used again
 
 
 # A run with more steps than this shows counts by node and state unless steps are asked for;

@@ -17,19 +17,29 @@ from cyclone.workflow import Graph, Workflow
 _BY_HASH: dict[str, Graph] = {}
 
 
-def register_workflows(conn: psycopg.Connection[Any], workflows: Iterable[Workflow]) -> None:
-    """Store each workflow's graph (and its child workflows') and make it current by name."""
+def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
+    """Parameters of graph_register then workflow_register, for each workflow and its children.
+
+    Run both statements with each, in one transaction: the clients' submits do so too.
+    """
     seen: dict[str, Workflow] = {}
     for wf in workflows:
         for item in (wf, *wf.children()):
             seen[item.name] = item
+    out = []
+    for wf in seen.values():
+        graph = wf.graph
+        _BY_HASH[graph.hash] = graph
+        out.append({"hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json())})
+    return out
+
+
+def register_workflows(conn: psycopg.Connection[Any], workflows: Iterable[Workflow]) -> None:
+    """Store each workflow's graph (and its child workflows') and make it current by name."""
     with conn.transaction():
-        for wf in seen.values():
-            graph = wf.graph
-            params = {"hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json())}
+        for params in registration(workflows):
             conn.execute(QUERIES["graph_register"], params)
             conn.execute(QUERIES["workflow_register"], params)
-            _BY_HASH[graph.hash] = graph
 
 
 def graph_by_hash(conn: psycopg.Connection[Any], graph_hash: str) -> Graph:
@@ -45,9 +55,18 @@ def graph_by_hash(conn: psycopg.Connection[Any], graph_hash: str) -> Graph:
 
 def current_graph(conn: psycopg.Connection[Any], workflow: str) -> Graph:
     """The graph registered under this name, for submitting by name."""
+    check_workflow_name(workflow)
+    row = conn.execute(QUERIES["workflow_get"], {"workflow": workflow}).fetchone()
+    return graph_of(workflow, row)
+
+
+def check_workflow_name(workflow: object) -> None:
     if not isinstance(workflow, str):
         raise TypeError(f"expected a Workflow or a workflow name, got {workflow!r}")
-    row = conn.execute(QUERIES["workflow_get"], {"workflow": workflow}).fetchone()
+
+
+def graph_of(workflow: str, row: Any) -> Graph:
+    """The graph in a row of workflow_get (None: no workflow of that name)."""
     if row is None:
         raise WorkflowNotFound(f"no workflow named {workflow!r} is registered")
     row = _row(row)

@@ -487,29 +487,42 @@ def submit_runs(
     ids: list[str],
     inputs: list[str],
     roots: Sequence[Any],
+    **options: Any,
+) -> list[str]:
+    """Insert runs and their root steps (one statement); returns the ids actually inserted.
+
+    `options` are submit_params's: deadline, key, parent, now.
+    """
+    params = submit_params(workflow, graph_hash, ids, inputs, roots, **options)
+    rows = conn.execute(QUERIES["run_submit"], params).fetchall()
+    return [str(r["id"]) for r in rows]
+
+
+def submit_params(
+    workflow: str,
+    graph_hash: str,
+    ids: list[str],
+    inputs: list[str],
+    roots: Sequence[Any],
     *,
     deadline: float | None = None,
     key: str | None = None,
     parent: tuple[str, int] | None = None,
     now: datetime | None = None,
-) -> list[str]:
-    """Insert runs and their root steps (one statement); returns the ids actually inserted."""
-    rows = conn.execute(
-        QUERIES["run_submit"],
-        {
-            "workflow": workflow,
-            "hash": graph_hash,
-            "ids": ids,
-            "inputs": inputs,
-            "key": key,
-            "parent_run_id": parent[0] if parent else None,
-            "parent_step_id": parent[1] if parent else None,
-            "deadline": deadline or 0.0,
-            "now": now,
-            **node_rows(roots),
-        },
-    ).fetchall()
-    return [str(r["id"]) for r in rows]
+) -> dict[str, Any]:
+    """The parameters of run_submit (the clients' submits run it too)."""
+    return {
+        "workflow": workflow,
+        "hash": graph_hash,
+        "ids": ids,
+        "inputs": inputs,
+        "key": key,
+        "parent_run_id": parent[0] if parent else None,
+        "parent_step_id": parent[1] if parent else None,
+        "deadline": deadline or 0.0,
+        "now": now,
+        **node_rows(roots),
+    }
 
 
 def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None = None) -> bool:

@@ -60,13 +60,17 @@ SELECT id, workflow, graph_hash, state, parent_run_id, parent_step_id, deadline_
   FROM cyclone_runs WHERE id = %(run_id)s
    FOR NO KEY UPDATE;
 
--- name: run_get
+-- name: _run_status
+-- What RunStatus reads of a run r: its columns, and why it failed (its first dead step).
 SELECT id, workflow, state, input, output, parent_run_id, created_at, deadline_at, paused_at,
        finished_at,
        (SELECT jsonb_build_object('error_kind', s.error_kind, 'error', s.error)
           FROM cyclone_steps s
          WHERE s.run_id = r.id AND s.state = 'dead'
          ORDER BY s.completed_at, s.id LIMIT 1) AS failure
+
+-- name: run_get
+-- include: _run_status
   FROM cyclone_runs r WHERE id = %(run_id)s;
 
 -- name: run_complete_if_done
