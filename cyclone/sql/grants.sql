@@ -12,6 +12,8 @@ GRANT USAGE, CREATE ON SCHEMA {schema} TO {migrator};
 GRANT USAGE ON SCHEMA {schema} TO {runtime};
 GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_runs, {schema}.cyclone_steps,
       {schema}.cyclone_signals, {schema}.cyclone_graphs, {schema}.cyclone_workflows TO {runtime};
+-- Failed attempts are written, never changed: their history is what operators read.
+GRANT SELECT, INSERT ON {schema}.cyclone_step_attempts TO {runtime};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_supervisors, {schema}.cyclone_workers
       TO {runtime};
 GRANT SELECT ON {schema}.cyclone_migrations, {schema}.cyclone_v_runs, {schema}.cyclone_v_steps
