@@ -4,6 +4,10 @@ A block starts with `-- name: entity_verb` and runs to the next such line. Runti
 to statements by name only (`QUERIES["step_lease"]`), so the SQL can be read, reviewed and
 explained in one place. A block whose name starts with `_` is a fragment, not a statement: a
 line `-- include: _name` in another block is replaced by it, so shared SQL is written once.
+
+Two files here are not named blocks: `schema.sql`, the current schema written out for readers
+(the database is changed by migrations/ only; a test holds the two equal), and the numbered
+files of migrations/.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import LiteralString, cast
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 _COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
+SCHEMA_FILE = "schema.sql"
 
 
 def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
@@ -30,7 +35,7 @@ def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
 def _load() -> dict[str, LiteralString]:
     found: dict[str, str] = {}
     for entry in sorted(resources.files(__package__).iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".sql"):
+        if entry.name.endswith(".sql") and entry.name != SCHEMA_FILE:
             for name, body in parse_queries(entry.read_text(), entry.name).items():
                 if name in found:
                     raise ValueError(f"{entry.name}: query {name!r} is defined twice")
@@ -69,6 +74,11 @@ def without_comments(statements: dict[str, str]) -> dict[str, str]:
 
 
 QUERIES: dict[str, LiteralString] = _load()
+
+
+def current_schema() -> str:
+    """The schema a migrated database has, as one commented SQL script (schema.sql)."""
+    return (resources.files(__package__) / SCHEMA_FILE).read_text()
 
 
 def migrations() -> list[tuple[int, str, str]]:

@@ -1,30 +1,458 @@
--- name: migration_lock
--- One migrator at a time per schema; the others wait, then find nothing left to do. Held to
--- the end of the transaction, not the session: behind a transaction-mode pooler the session's
--- next statement may run on another server connection, which could not unlock it.
-SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.cyclone_migrations'));
+-- Cyclone's schema as it stands after the last migration: read this file to learn the tables.
+--
+-- The database is changed only by the numbered files in migrations/ (`cyclone migrate`), never
+-- by this file; it exists for readers, and tests/test_schema.py holds it to a freshly migrated
+-- database, object by object (columns with their order, types, defaults and nullability;
+-- constraints; indexes; functions; triggers; views). A migration that changes the schema must
+-- change this file too. The loader of named statements (cyclone/sql/__init__.py) skips it.
+--
+-- Every statement Cyclone runs against these tables is a named block in the other files of
+-- this folder; the views at the end are the public, read-only face (docs/sql.md). The
+-- bookkeeping table cyclone_migrations is made by migrate.sql's migration_table_create.
+--
+-- Times are timestamptz and come from the database's clock. Ids of runs are uuids made by the
+-- client; ids of steps, signals and attempts are identities.
 
--- name: migration_table_create
-CREATE TABLE IF NOT EXISTS cyclone_migrations (
-    version    integer PRIMARY KEY,
-    name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+------------------------------------------------------------------------------------------------
+-- Value lists
+--
+-- The states and kinds are text checked against a domain's list: a session keeps a domain's
+-- check compiled, where a table's CHECK is rebuilt from its stored text on every write
+-- (migration 3). cyclone/states.py mirrors these lists (a test holds them equal).
+------------------------------------------------------------------------------------------------
+
+CREATE DOMAIN cyclone_run_state AS text
+    CHECK (VALUE IN ('running', 'paused', 'completed', 'failed', 'cancelled'));
+CREATE DOMAIN cyclone_step_state AS text
+    CHECK (VALUE IN ('available', 'running', 'waiting', 'completed', 'dead', 'discarded'));
+CREATE DOMAIN cyclone_node_kind AS text
+    CHECK (VALUE IN ('task', 'map', 'wait', 'sleep', 'child'));
+-- Why a step attempt failed or a step was dead-lettered.
+CREATE DOMAIN cyclone_error_kind AS text
+    CHECK (VALUE IN ('error', 'timeout', 'crashed', 'lease_expired', 'deadline', 'max_wait',
+                     'child_failed', 'cancelled'));
+
+------------------------------------------------------------------------------------------------
+-- Workflows and their graphs
+------------------------------------------------------------------------------------------------
+
+-- One row per distinct graph a workflow has had, keyed by the hash of its JSON. A run points
+-- at the graph it started with, so a deploy that changes a workflow never changes the shape of
+-- runs already in flight.
+CREATE TABLE cyclone_graphs (
+    hash        text PRIMARY KEY,
+    workflow    text NOT NULL,
+    graph       jsonb NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- name: migration_table_present
--- Whether the migrations table exists: a role without DDL rights (the runtime role) can then
--- find the schema current without trying to create it.
-SELECT to_regclass('cyclone_migrations') IS NOT NULL AS present;
+-- The graph new runs of each workflow start with (the last one registered).
+CREATE TABLE cyclone_workflows (
+    name        text PRIMARY KEY,
+    graph_hash  text NOT NULL REFERENCES cyclone_graphs (hash),
+    updated_at  timestamptz NOT NULL DEFAULT now()
+);
 
--- name: migration_applied
-SELECT version FROM cyclone_migrations ORDER BY version;
+------------------------------------------------------------------------------------------------
+-- Runs
+------------------------------------------------------------------------------------------------
 
--- name: migration_record
-INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);
+CREATE TABLE cyclone_runs (
+    id              uuid PRIMARY KEY,
+    workflow        text NOT NULL,
+    graph_hash      text NOT NULL REFERENCES cyclone_graphs (hash),
+    state           cyclone_run_state NOT NULL,
+    input           jsonb NOT NULL,
+    -- The output of the run's last node, once the run completed.
+    output          jsonb,
+    -- A second submit with the same key returns the first run instead of making one.
+    idempotency_key text,
+    -- A child run (a `child` node of another run): its parent run and the step waiting for it.
+    -- Deleting a parent deletes its children.
+    parent_run_id   uuid REFERENCES cyclone_runs (id) ON DELETE CASCADE,
+    parent_step_id  bigint,
+    created_at      timestamptz NOT NULL,
+    -- When the deadline sweep fails the run (NULL: no deadline). A child run has none of its
+    -- own: it is bounded by its parent's deadline and its node's max_wait.
+    deadline_at     timestamptz,
+    paused_at       timestamptz,
+    finished_at     timestamptz,
+    -- A client waits for this run: its end is notified on channel cyclone_run_ended (the
+    -- trigger cyclone_runs_ended below).
+    waited          boolean NOT NULL DEFAULT false
+);
 
--- name: schema_create
--- The test harness's private schema, named by a quoted identifier.
-CREATE SCHEMA {};
+-- Children of a run (cancel and fail go down the tree).
+CREATE INDEX cyclone_runs_parent_idx ON cyclone_runs (parent_run_id)
+    WHERE parent_run_id IS NOT NULL;
+-- Retention and listings of finished runs.
+CREATE INDEX cyclone_runs_finished_idx ON cyclone_runs (finished_at)
+    WHERE finished_at IS NOT NULL;
+-- `cyclone runs` lists the newest runs first.
+CREATE INDEX cyclone_runs_created_idx ON cyclone_runs (created_at, id);
+-- Most runs have no key: only those with one are indexed.
+CREATE UNIQUE INDEX cyclone_runs_idempotency_idx ON cyclone_runs (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+-- The deadline sweep and the counts of live runs share this one index. The sweep's conditions
+-- are its leading columns and its order is the sweep's order, so any plan through it reads
+-- only the runs due (with a second index on state alone, statistics taken while few runs were
+-- live led the planner to read every live run).
+CREATE INDEX cyclone_runs_live_idx ON cyclone_runs (state, deadline_at)
+    WHERE state IN ('running', 'paused');
 
--- name: schema_drop
-DROP SCHEMA IF EXISTS {} CASCADE;
+------------------------------------------------------------------------------------------------
+-- Steps: one row per node instance of a run (a map node has one row per item, and one for the
+-- fan-out itself)
+------------------------------------------------------------------------------------------------
+
+-- No foreign key to cyclone_runs: its check locked the run's row for every step inserted.
+-- Steps are only made by statements that hold their run, and the one place runs are deleted
+-- (cyclone_delete_finished, below) deletes their steps itself.
+CREATE TABLE cyclone_steps (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id           uuid NOT NULL,
+    workflow         text NOT NULL,
+    node             text NOT NULL,
+    kind             cyclone_node_kind NOT NULL,
+    -- Map items carry their index; a map row without one is the fan-out itself, waiting for a
+    -- worker (which has the code) to evaluate the items.
+    item_index       integer,
+    item             jsonb,
+    state            cyclone_step_state NOT NULL,
+    -- Attempts made so far; a failed attempt below max_attempts becomes available again.
+    attempt          integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL,
+    -- A task's time limit per attempt (NULL: none).
+    timeout          interval,
+    -- The signal name a wait node waits for.
+    signal           text,
+    -- When the step may be leased (retry backoff moves it forward).
+    available_at     timestamptz NOT NULL,
+    -- Sleep wake-up, or the max_wait expiry of a wait or child node.
+    due_at           timestamptz,
+    -- The lease of a running step: whoever holds the token may finish it until it expires;
+    -- heartbeats push lease_expires_at forward.
+    lease_token      uuid,
+    lease_expires_at timestamptz,
+    leased_by        text,
+    -- The run a child node started.
+    child_run_id     uuid,
+    output           jsonb,
+    -- The latest error; every failed attempt's is kept in cyclone_step_attempts.
+    error            text,
+    error_kind       cyclone_error_kind,
+    created_at       timestamptz NOT NULL,
+    started_at       timestamptz,
+    completed_at     timestamptz,
+    -- When the step's current gate (retry available_at, or due_at) was set: a gate set during
+    -- a pause starts counting at resume, so resume gives back only the paused part of a gate.
+    gated_at         timestamptz
+);
+
+-- One step per node instance: advancing a run twice cannot create a node twice. Its leading
+-- column also serves every lookup of a run's steps.
+CREATE UNIQUE INDEX cyclone_steps_node_idx
+    ON cyclone_steps (run_id, node, item_index) NULLS NOT DISTINCT;
+-- Lease candidates, in the order they are leased (see cyclone_lease_candidate).
+CREATE INDEX cyclone_steps_available_idx ON cyclone_steps (available_at, id)
+    WHERE state = 'available';
+-- Sleep wake-ups and max_wait expiry.
+CREATE INDEX cyclone_steps_due_idx ON cyclone_steps (due_at)
+    WHERE state = 'waiting' AND due_at IS NOT NULL;
+-- The dead-letter queue.
+CREATE INDEX cyclone_steps_dead_idx ON cyclone_steps (completed_at)
+    WHERE state = 'dead';
+-- Running steps, for the expired-lease sweep: at most one per worker of the fleet. By id, not
+-- lease expiry, so a heartbeat changes no indexed column and is applied in place (HOT), and
+-- leases do not all insert at one edge of the index.
+CREATE INDEX cyclone_steps_running_idx ON cyclone_steps (id) WHERE state = 'running';
+
+-- Every failed, killed or dead-lettered attempt of a step, written by the statement that
+-- records the failure (a step row keeps only its latest error). No foreign key, as for steps:
+-- retention deletes these rows with their steps.
+CREATE TABLE cyclone_step_attempts (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    step_id     bigint NOT NULL,
+    run_id      uuid NOT NULL,
+    attempt     integer NOT NULL,
+    error_kind  cyclone_error_kind NOT NULL,
+    error       text,
+    worker      text,
+    started_at  timestamptz,
+    ended_at    timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX cyclone_step_attempts_step_idx ON cyclone_step_attempts (step_id, id);
+
+------------------------------------------------------------------------------------------------
+-- Signals: kept until their wait node is reached (consumed_by is then the step)
+------------------------------------------------------------------------------------------------
+
+CREATE TABLE cyclone_signals (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id      uuid NOT NULL REFERENCES cyclone_runs (id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    payload     jsonb,
+    created_at  timestamptz NOT NULL,
+    consumed_by bigint
+);
+CREATE INDEX cyclone_signals_pending_idx ON cyclone_signals (run_id, name, id)
+    WHERE consumed_by IS NULL;
+
+------------------------------------------------------------------------------------------------
+-- Presence: who is running where (`cyclone status`, `cyclone workers`, from any host)
+------------------------------------------------------------------------------------------------
+
+-- One row per live supervisor, refreshed every few seconds; rows not seen for a while are
+-- supervisors that died (status shows them as lost; the scanner's retention removes them).
+CREATE TABLE cyclone_supervisors (
+    id             text PRIMARY KEY,
+    host           text NOT NULL,
+    pid            integer NOT NULL,
+    state          text NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'draining')),
+    workers_target integer NOT NULL DEFAULT 0,
+    started_at     timestamptz NOT NULL DEFAULT now(),
+    seen_at        timestamptz NOT NULL DEFAULT now(),
+    -- The workflows its workers lease for (NULL: a supervisor older than migration 8, taken to
+    -- serve every workflow). Runs of a workflow no live supervisor serves are reported.
+    workflows      text[]
+);
+
+-- One row per worker slot of a supervisor: what it holds right now.
+CREATE TABLE cyclone_workers (
+    supervisor_id text NOT NULL REFERENCES cyclone_supervisors (id) ON DELETE CASCADE,
+    slot          integer NOT NULL,
+    pid           integer NOT NULL,
+    state         text NOT NULL CHECK (state IN ('idle', 'busy')),
+    step_id       bigint,
+    run_id        uuid,
+    workflow      text,
+    node          text,
+    attempt       integer,
+    busy_since    timestamptz,
+    seen_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (supervisor_id, slot),
+    CHECK ((state = 'busy') = (step_id IS NOT NULL))
+);
+
+------------------------------------------------------------------------------------------------
+-- The row rules of steps and runs
+--
+-- Kept by a BEFORE trigger on each table rather than CHECK constraints, which PostgreSQL reads
+-- back from their stored text on every write (migrations 5 and 6). A broken rule still fails
+-- the statement with SQLSTATE 23514 (check_violation) naming cyclone_steps_rules or
+-- cyclone_runs_rules as the constraint, and the detail lists the rules broken. A rule on a
+-- NULL is not broken (as a CHECK passes on NULL), so a NULL in a NOT NULL column reaches that
+-- constraint, which names the column. Each rule is written twice, as a condition in the
+-- fast test and as the text naming it: tests/test_schema.py holds both to one model. Like every
+-- trigger, these do not fire while session_replication_role is `replica`.
+------------------------------------------------------------------------------------------------
+
+CREATE FUNCTION cyclone_steps_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF ((NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
+        OR (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
+        OR (NEW.completed_at IS NOT NULL) <> (NEW.state IN ('completed', 'dead', 'discarded'))
+        OR (NEW.error_kind IS NULL AND NEW.state = 'dead')
+        OR (NEW.output IS NOT NULL AND NEW.state <> 'completed')
+        OR NOT (NEW.attempt >= 0 AND NEW.max_attempts >= 1)
+        OR NEW.item_index < 0) IS NOT TRUE THEN
+        RETURN NEW;
+    END IF;
+    -- A running step holds a lease; a step that ended has completed_at; a dead step says
+    -- why; only a completed step has output.
+    RAISE check_violation USING
+        CONSTRAINT = 'cyclone_steps_rules', TABLE = 'cyclone_steps',
+        MESSAGE = format('step %s (state %s) breaks a rule of cyclone_steps', NEW.id, NEW.state),
+        DETAIL = concat_ws('; ',
+            CASE WHEN (NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
+                 THEN 'lease_token is set exactly while the step is running' END,
+            CASE WHEN (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
+                 THEN 'lease_expires_at is set exactly while the step is running' END,
+            CASE WHEN (NEW.completed_at IS NOT NULL)
+                      <> (NEW.state IN ('completed', 'dead', 'discarded'))
+                 THEN 'completed_at is set exactly once the step ended' END,
+            CASE WHEN NEW.error_kind IS NULL AND NEW.state = 'dead'
+                 THEN 'a dead step has an error_kind' END,
+            CASE WHEN NEW.output IS NOT NULL AND NEW.state <> 'completed'
+                 THEN 'only a completed step has output' END,
+            CASE WHEN NOT (NEW.attempt >= 0 AND NEW.max_attempts >= 1)
+                 THEN 'attempt >= 0 and max_attempts >= 1' END,
+            CASE WHEN NEW.item_index < 0 THEN 'item_index >= 0' END);
+END
+$$;
+
+CREATE FUNCTION cyclone_runs_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF ((NEW.finished_at IS NOT NULL) <> (NEW.state IN ('completed', 'failed', 'cancelled'))
+        OR (NEW.paused_at IS NOT NULL) <> (NEW.state = 'paused')
+        OR (NEW.output IS NOT NULL AND NEW.state <> 'completed')
+        OR (NEW.parent_run_id IS NOT NULL AND NEW.deadline_at IS NOT NULL)) IS NOT TRUE THEN
+        RETURN NEW;
+    END IF;
+    RAISE check_violation USING
+        CONSTRAINT = 'cyclone_runs_rules', TABLE = 'cyclone_runs',
+        MESSAGE = format('run %s (state %s) breaks a rule of cyclone_runs', NEW.id, NEW.state),
+        DETAIL = concat_ws('; ',
+            CASE WHEN (NEW.finished_at IS NOT NULL)
+                      <> (NEW.state IN ('completed', 'failed', 'cancelled'))
+                 THEN 'finished_at is set exactly once the run ended' END,
+            CASE WHEN (NEW.paused_at IS NOT NULL) <> (NEW.state = 'paused')
+                 THEN 'paused_at is set exactly while the run is paused' END,
+            CASE WHEN NEW.output IS NOT NULL AND NEW.state <> 'completed'
+                 THEN 'only a completed run has output' END,
+            -- A child run is bounded by its parent's deadline and its node's max_wait only.
+            CASE WHEN NEW.parent_run_id IS NOT NULL AND NEW.deadline_at IS NOT NULL
+                 THEN 'a child run has no deadline of its own' END);
+END
+$$;
+
+CREATE TRIGGER cyclone_steps_rules BEFORE INSERT OR UPDATE ON cyclone_steps
+    FOR EACH ROW EXECUTE FUNCTION cyclone_steps_keep_rules();
+CREATE TRIGGER cyclone_runs_rules BEFORE INSERT OR UPDATE ON cyclone_runs
+    FOR EACH ROW EXECUTE FUNCTION cyclone_runs_keep_rules();
+
+------------------------------------------------------------------------------------------------
+-- Run ends a client waits for
+--
+-- A notification on channel cyclone_run_ended, payload the run's id, sent in the transaction
+-- that ends a waited-for run (delivered at its commit, never on rollback). Only for runs with
+-- `waited` set (a client's wait: run_wait_register in waits.sql): a transaction that sent a
+-- NOTIFY serialises its commit with every other such commit. The test sits in the WHEN clause,
+-- which is evaluated without calling the function, so a run nobody waits for pays nothing. A
+-- trigger rather than a NOTIFY in each statement that ends runs: runs end in a dozen places,
+-- and a trigger cannot be forgotten by the next one.
+------------------------------------------------------------------------------------------------
+
+CREATE FUNCTION cyclone_runs_notify_end() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('cyclone_run_ended', NEW.id::text);
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
+    FOR EACH ROW
+    WHEN (NEW.waited AND NEW.state IN ('completed', 'failed', 'cancelled')
+          AND OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION cyclone_runs_notify_end();
+
+------------------------------------------------------------------------------------------------
+-- The lease's candidate scan, and how far behind the workers are
+--
+-- Functions so that the planner settings they carry apply to them alone (a function's SET
+-- lasts for its call: nothing leaks into the session or through a pooler). With no sort, only
+-- cyclone_steps_available_idx gives the order; with no hash join, no plan builds a table of
+-- every run. What is left walks the index and looks each candidate's run up by its primary
+-- key, whatever the statistics say (on a table never analyzed, or analyzed while the queue was
+-- empty, the planner otherwise sorted the whole backlog for every lease). A forced generic
+-- plan keeps the plan made once per session. Each setting has a cost on every call, so only
+-- these are set; see bench/README.md for the figures.
+------------------------------------------------------------------------------------------------
+
+-- `after_at, after_id`: where this caller's last lease was in the index (NULL: from the start).
+-- Leased steps leave dead entries at the left edge of the index until VACUUM, and a scan from
+-- the start walks them all; starting after the last lease skips them. A step that becomes
+-- available behind that point is found by a scan from the start, which callers make when a
+-- lease from their point finds nothing, and at least once a second (cyclone/engine/steps.py).
+-- `go` false returns nothing (a lease that must not look); `other_than` skips one run.
+CREATE FUNCTION cyclone_lease_candidate(
+    go boolean, other_than uuid, at timestamptz, workflows text[], after_at timestamptz,
+    after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
+                graph_hash text, parent_run_id uuid)
+LANGUAGE sql VOLATILE ROWS 1
+SET enable_sort = off
+SET enable_hashjoin = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+      FROM cyclone_steps s
+      JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE go AND s.state = 'available'
+       AND s.run_id IS DISTINCT FROM other_than
+       AND s.available_at <= at
+       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
+       AND (workflows IS NULL OR s.workflow = ANY(workflows))
+       AND r.state = 'running'
+       AND (r.deadline_at IS NULL OR r.deadline_at > at)
+     ORDER BY s.available_at, s.id
+     LIMIT 1
+       FOR UPDATE OF s SKIP LOCKED
+$$;
+
+-- The oldest step due of a running run (`cyclone status`, the metrics), by the same walk of
+-- the candidate index, without locking anything.
+CREATE FUNCTION cyclone_oldest_due(at timestamptz) RETURNS timestamptz
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_hashjoin = off
+AS $$
+    SELECT s.available_at
+      FROM cyclone_steps s
+      JOIN cyclone_runs r ON r.id = s.run_id
+     WHERE s.state = 'available' AND s.available_at <= at AND r.state = 'running'
+     ORDER BY s.available_at, s.id
+     LIMIT 1
+$$;
+
+------------------------------------------------------------------------------------------------
+-- Retention
+--
+-- The runtime role may not delete history (`cyclone migrate --print-grants`), so the scanner's
+-- retention calls this function, which runs with its owner's rights (the role that migrated)
+-- and deletes nothing else. Its search_path is the schema it was created in, so a caller's
+-- search_path cannot point it elsewhere. It deletes finished top-level runs older than
+-- `retention` seconds, at most batch_size of them, with their child runs and signals (ON DELETE
+-- CASCADE), the steps of all of them and those steps' attempts, and returns the number of
+-- top-level runs deleted.
+------------------------------------------------------------------------------------------------
+
+CREATE FUNCTION cyclone_delete_finished(retention float8, batch_size integer, at timestamptz)
+RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+    WITH RECURSIVE doomed AS (
+        SELECT id FROM (SELECT id FROM cyclone_runs
+                         WHERE finished_at < coalesce(at, now()) - make_interval(secs => retention)
+                           AND parent_run_id IS NULL
+                         ORDER BY finished_at
+                         LIMIT batch_size) AS top
+        UNION ALL
+        SELECT r.id FROM cyclone_runs r JOIN doomed d ON r.parent_run_id = d.id
+    ), steps AS (
+        DELETE FROM cyclone_steps WHERE run_id IN (SELECT id FROM doomed) RETURNING id
+    ), attempts AS (
+        DELETE FROM cyclone_step_attempts WHERE step_id IN (SELECT id FROM steps)
+    ), runs AS (
+        DELETE FROM cyclone_runs
+         WHERE id IN (SELECT id FROM doomed) AND parent_run_id IS NULL
+        RETURNING 1
+    )
+    SELECT count(*) FROM runs;
+$$;
+
+REVOKE ALL ON FUNCTION cyclone_delete_finished(float8, integer, timestamptz) FROM PUBLIC;
+
+------------------------------------------------------------------------------------------------
+-- Views: the read-only face for dashboards and ad-hoc queries (docs/sql.md)
+------------------------------------------------------------------------------------------------
+
+-- Steps, without payloads (item, output, lease token), with every failed attempt, oldest
+-- first.
+CREATE VIEW cyclone_v_steps AS
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.max_attempts,
+       s.item_index, s.error, s.error_kind, s.created_at, s.started_at, s.completed_at,
+       s.available_at, s.due_at, s.lease_expires_at, s.leased_by, s.child_run_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'attempt', a.attempt, 'error_kind', a.error_kind, 'error', a.error,
+                   'worker', a.worker, 'started_at', a.started_at, 'ended_at', a.ended_at)
+                   ORDER BY a.id), '[]'::jsonb)
+          FROM cyclone_step_attempts a WHERE a.step_id = s.id) AS attempts
+  FROM cyclone_steps s;
+
+-- Runs, with how many of their steps exist and how many completed.
+CREATE VIEW cyclone_v_runs AS
+SELECT r.id, r.workflow, r.state, r.input, r.output, r.parent_run_id, r.idempotency_key,
+       r.created_at, r.deadline_at, r.paused_at, r.finished_at,
+       (SELECT count(*) FROM cyclone_steps s WHERE s.run_id = r.id) AS steps_total,
+       (SELECT count(*) FROM cyclone_steps s
+         WHERE s.run_id = r.id AND s.state = 'completed') AS steps_completed
+  FROM cyclone_runs r;

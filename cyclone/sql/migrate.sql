@@ -1,0 +1,30 @@
+-- name: migration_lock
+-- One migrator at a time per schema; the others wait, then find nothing left to do. Held to
+-- the end of the transaction, not the session: behind a transaction-mode pooler the session's
+-- next statement may run on another server connection, which could not unlock it.
+SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.cyclone_migrations'));
+
+-- name: migration_table_create
+CREATE TABLE IF NOT EXISTS cyclone_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_table_present
+-- Whether the migrations table exists: a role without DDL rights (the runtime role) can then
+-- find the schema current without trying to create it.
+SELECT to_regclass('cyclone_migrations') IS NOT NULL AS present;
+
+-- name: migration_applied
+SELECT version FROM cyclone_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_create
+-- The test harness's private schema, named by a quoted identifier.
+CREATE SCHEMA {};
+
+-- name: schema_drop
+DROP SCHEMA IF EXISTS {} CASCADE;
