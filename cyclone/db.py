@@ -174,11 +174,11 @@ def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES)
 
 
 # One cursor per connection for the statements of every step (a lease, a completion with the
-# next lease). psycopg sets a new cursor up, adapters and all, for every conn.execute: reusing
-# one saved about 15 µs of a worker's CPU per statement (measured). Used only by the thread
-# that leases and completes; the lease keeper's heartbeats take cursors of their own. It is
-# kept on the connection itself: a cursor holds its connection, so a table of them would keep
-# every connection alive, while this reference cycle goes with the connection.
+# next lease). psycopg sets a new cursor up, adapters and all, for every conn.execute, which
+# showed in a worker's CPU (see bench/README.md, "Figures behind the code's comments"). Used
+# only by the thread that leases and completes; the lease keeper's heartbeats take cursors of
+# their own. It is kept on the connection itself: a cursor holds its connection, so a table of
+# them would keep every connection alive, while this reference cycle goes with the connection.
 _STEP_CURSOR = "_cyclone_step_cursor"
 
 
@@ -196,8 +196,8 @@ def text_array(values: tuple[str, ...]) -> str:
     """A text[] literal of `values`, for a parameter cast with ::text[].
 
     psycopg adapts a list parameter element by element, on every execution: for the names a
-    worker leases for, once a step, that cost about 30 µs of the worker's CPU (measured).
-    The names do not change, so their literal is made once.
+    worker leases for, once a step (see bench/README.md, "Figures behind the code's
+    comments"). The names do not change, so their literal is made once.
     """
     quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
     return "{" + ",".join(f'"{v}"' for v in quoted) + "}"

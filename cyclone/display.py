@@ -163,8 +163,8 @@ def _table(
     widths: Sequence[int],
 ) -> Any:
     """The rows as a borderless table (rich's SIMPLE_HEAD look), laid out here: every width is
-    known and nothing folds, and rich's Table took about 2 ms a row to lay out (19 s for
-    10,000 steps)."""
+    known and nothing folds, and rich's Table is slow to lay out long listings (see
+    bench/README.md, "Figures behind the code's comments")."""
     from rich.text import Text
 
     shown_widths = [widths[i] for i in shown]

@@ -64,8 +64,9 @@ def without_comments(statements: dict[str, str]) -> dict[str, str]:
 
     The comments are for readers of these files. Sent along, they made the hot statements
     longer than the 4 kB up to which psycopg caches its parse of a query's placeholders, so
-    every execution parsed it again (measured: tens of µs a step). The name line still tells
-    which statement a session in pg_stat_activity is running.
+    every execution parsed it again (see bench/README.md, "Figures behind the code's
+    comments"). The name line still tells which statement a session in pg_stat_activity is
+    running.
     """
     return {
         name: f"-- cyclone: {name}\n" + _COMMENT_LINE.sub("", body)

@@ -1,10 +1,10 @@
 -- Steps: lease, heartbeat, and the fenced writes of a lease holder. A write names the lease
 -- token it holds; when the lease was revoked or reclaimed, it matches no row and changes nothing.
 -- The fence is `id` and `lease_token` alone: a token is set only while the step is running (a
--- CHECK says so), and leaving `state = 'running'` out keeps the generic plan on the primary
--- key. With it, the planner once picked a partial index of running steps instead and walked
--- every dead entry completed steps had left in it since the last vacuum (91 buffers per
--- completion, measured).
+-- rule says so), and leaving `state = 'running'` out keeps the generic plan on the primary
+-- key: with it, the planner may pick the partial index of running steps instead and walk
+-- every dead entry completed steps left in it since the last vacuum (see bench/README.md,
+-- "Figures behind the code's comments").
 
 -- name: step_insert
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
@@ -40,21 +40,21 @@ ON CONFLICT DO NOTHING;
 -- One row comes back either way: `completed` counts `done`, the lease columns are NULL when
 -- none was taken.
 --
--- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7),
--- whose settings pin its plan to a walk of the candidate index whatever the statistics say
--- (bench/README.md), from after the connection's last lease (%(after_at)s, %(after_id)s). Being volatile, it reads with a snapshot of its own, taken as it is
--- called: a step committed between the statement's start and that moment can be locked there
--- and not be seen by `leased`, which then takes nothing; the step stays available for the
--- next lease. The candidate is picked before `done` runs, while the snapshot is fresh (a
--- stale candidate costs a re-check of the row, EvalPlanQual); the `CASE` orders it, as a bare
--- `EXISTS (SELECT 1 FROM done)` would be checked once, before the scan. `held` is what the
--- statement must hold before it locks a candidate, and is evaluated as the function's
--- argument, so before it: a run lock, taken first as every writer does (so no worker waits
--- for a run while holding a step), or `SELECT 1`. A chain completion holds no run lock and
--- waits on its own step's row once it has its candidate, so the candidate is never a step of
--- that run (%(other_than)s): a writer holding the run (a cancel, the deadline sweep) takes
--- that run's steps one by one, and would otherwise meet the worker holding one of them while
--- it waited for another.
+-- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7), whose
+-- settings pin its plan to a walk of the candidate index whatever the statistics say
+-- (bench/README.md), from after the connection's last lease (%(after_at)s, %(after_id)s). Being
+-- volatile, it reads with a snapshot of its own, taken as it is called: a step committed between
+-- the statement's start and that moment can be locked there and not be seen by `leased`, which
+-- then takes nothing; the step stays available for the next lease. The candidate is picked before
+-- `done` runs, while the snapshot is fresh (a stale candidate costs a re-check of the row,
+-- EvalPlanQual); the `CASE` orders it, as a bare `EXISTS (SELECT 1 FROM done)` would be checked
+-- once, before the scan. `held` is what the statement must hold before it locks a candidate, and
+-- is evaluated as the function's argument, so before it: a run lock, taken first as every writer
+-- does (so no worker waits for a run while holding a step), or `SELECT 1`. A chain completion
+-- holds no run lock and waits on its own step's row once it has its candidate, so the candidate is
+-- never a step of that run (%(other_than)s): a writer holding the run (a cancel, the deadline
+-- sweep) takes that run's steps one by one, and would otherwise meet the worker holding one of
+-- them while it waited for another.
 candidate AS (
     SELECT * FROM cyclone_lease_candidate(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,

@@ -66,8 +66,9 @@ DB_RETRY = 5.0
 # With notifications working, polling for revoked leases is only a safety net.
 LISTEN_POLL_FACTOR = 10
 # A worker records its step, then reports it over its pipe: a revocation check can fall in
-# between (40 ms of it was seen on a loaded host). Such a lease is not revoked, and its worker
-# is killed only if the report has not come this long after the database showed the record.
+# between, for tens of ms on a loaded host (bench/README.md, "Figures behind the code's
+# comments"). Such a lease is not revoked, and its worker is killed only if the report has not
+# come this long after the database showed the record.
 REPORT_WAIT = 2.0
 # The longest the loop sleeps, so it re-checks its children even when nothing wakes it.
 MAX_TICK = 1.0

@@ -172,9 +172,9 @@ def encode(message: Message) -> bytes:
 
 
 # The two messages of every step, written out by hand: the same bytes as the generic path
-# above (a test holds them to it), without building a dict for the JSON encoder. Counted with
-# callgrind, the generic path cost a worker about 80k instructions a step, the largest part of
-# what the worker adds to the engine's own loop; these take 47k of that away.
+# above (a test holds them to it), without building a dict for the JSON encoder, which was the
+# largest part of what the worker adds to the engine's own loop (see bench/README.md,
+# "Figures behind the code's comments").
 def _str(value: str | None) -> str:
     if value is None:
         return "null"

@@ -230,7 +230,7 @@ class OsProcessOps:
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)
         # Move what exists now out of the collector's reach: a full collection in the child
         # would otherwise write to every inherited object and copy every shared page (the
-        # gc.freeze docs; measured: worker PSS 11 -> 22 MiB at its first full collection).
+        # gc.freeze docs; bench/README.md, "Figures behind the code's comments").
         gc.freeze()
         try:
             pid = os.fork()

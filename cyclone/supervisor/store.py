@@ -3,7 +3,8 @@
 Its calls here (a revocation check when notified, and every poll interval while a worker is
 busy, ten times less often with notifications working; a killed worker's outcome; a deadline
 sweep before a kill) share one kept connection: opening one for each started a backend each
-time, about 4 ms of the server's CPU (measured), every second with notifications unavailable.
+time, every second with notifications unavailable (see bench/README.md, "Figures behind the
+code's comments").
 The long-lived LISTEN connection does nothing else, so every notification reaches the loop;
 presence keeps one of its own (presence.py). Children inherit the sockets of all three but
 never touch them: psycopg only finishes a libpq connection in the process that opened it,

@@ -101,8 +101,8 @@ class Worker:
         add_signal_handler does, and resets them when it closes): cheap when nothing changed.
 
         Read through `_signal`, the C module under `signal`: `signal.getsignal` first tries
-        to make a handler function into an enum member, and the exception that raises cost
-        about 4 µs a call, twice a step.
+        to make a handler function into an enum member, and raises and catches an exception
+        doing so, twice a step (see bench/README.md, "Figures behind the code's comments").
         """
         if _signal.getsignal(signal.SIGTERM) != self._on_stop:
             signal.signal(signal.SIGTERM, self._on_stop)

@@ -1,23 +1,21 @@
 -- Version 3: the same rules, enforced at a fraction of the cost of every step's writes.
--- Each change below was measured with four concurrent workers (issue notes have the figures).
+-- Each change below was measured with concurrent workers (figures: bench/README.md, "Figures
+-- behind the code's comments").
 --
 -- 1. CHECK constraints. PostgreSQL rebuilds a table's CHECK expressions from their stored text
---    on every statement that writes the table: for cyclone_steps, about 10 kB of it, two or
---    three times a step, the largest single cost of a step (dropping them all made the engine
---    38% faster). The value lists become domains, whose checks a session keeps compiled, and
---    the cross-column rules move into one PL/pgSQL function per table, also compiled once a
---    session; each table keeps one small CHECK calling it. The rules are unchanged, and the
+--    on every statement that writes the table: for cyclone_steps, two or three times a step, the
+--    largest single cost of a step. The value lists become domains, whose checks a session keeps
+--    compiled, and the cross-column rules move into one PL/pgSQL function per table, also compiled
+--    once a session; each table keeps one small CHECK calling it. The rules are unchanged, and the
 --    states are still text checked against their lists.
 -- 2. The foreign key from steps to runs. Its check locked the run's row for every step
---    inserted (11% of a 5-step chain's cost). Steps are only ever made by statements that
---    hold their run, and the retention sweep, the one place runs are deleted, deletes their
---    steps itself.
+--    inserted. Steps are only ever made by statements that hold their run, and the retention
+--    sweep, the one place runs are deleted, deletes their steps itself.
 -- 3. The unique index on a step's node instance now indexes columns only (NULLS NOT
 --    DISTINCT, PostgreSQL 15), not an expression to evaluate on every write.
 -- 4. The idempotency key's unique index skips the runs without a key (most of them).
 -- 5. Running steps are indexed by id, not by lease expiry. Every lease inserted a timestamp at
---    the right edge of the old index, where all workers met (dropping it made the engine 10%
---    faster with 8 workers; the id index costs a third of that). The expired-lease sweep reads
+--    the right edge of the old index, where all workers met. The expired-lease sweep reads
 --    all running steps, at most one per worker in the fleet, so it still grows with the work
 --    in flight, never with the table. And a heartbeat no longer changes an indexed column, so
 --    PostgreSQL can apply it in place (a HOT update).

@@ -3,9 +3,8 @@
 -- A CHECK constraint's expression is stored as a node tree in text, and PostgreSQL reads it
 -- back from that text in every statement that writes the table. Migration 3 shrank the text to
 -- one call of a rule function, but the call's nine arguments still had to be read back, two or
--- three times a step. Counted with callgrind on the backend (1-step runs, completion and next
--- lease in one statement): 1,017k instructions a step with the CHECKs, 885k to 920k with
--- these triggers, 820k with no rules at all. A trigger's function is compiled once per session.
+-- three times a step. A trigger's function is compiled once per session (instruction counts:
+-- bench/README.md, "Figures behind the code's comments").
 --
 -- A broken rule still fails the statement with SQLSTATE 23514 (check_violation), naming
 -- cyclone_steps_rules or cyclone_runs_rules as the constraint, as the CHECKs did; the detail

@@ -1,12 +1,10 @@
 -- Version 6: the same row rules, with a row that keeps them let through by one boolean test.
 --
--- Migration 5 built the text naming the broken rules for every row written, and compared it
--- with ''. Building it (concat_ws over one CASE per rule) cost about 12k instructions a row,
--- three rows a 1-step step: 850k instructions a step with it, 814k-832k with the test below
--- (callgrind on the backend, as in bench/instructions.py). So each rule appears twice: as a
--- condition in the test, and as the text naming it once the test failed. The two lists must
--- say the same thing: tests/test_schema.py holds both to one model of the rules on every
--- combination of the columns they read.
+-- Migration 5 built the text naming the broken rules for every row written, and compared it with
+-- '', a cost paid on every row (instruction counts: bench/README.md, "Figures behind the code's
+-- comments"). So each rule appears twice: as a condition in the test, and as the text naming it
+-- once the test failed. The two lists must say the same thing: tests/test_schema.py holds both to
+-- one model of the rules on every combination of the columns they read.
 --
 -- A rule on a NULL is not broken (as in migration 5, and as a CHECK passes on NULL): a NULL
 -- in a NOT NULL column reaches that constraint, which names the column.

@@ -10,10 +10,10 @@
 -- left walks the index and looks each candidate's run up by its primary key, returning
 -- the run's columns the lease needs. Settings given
 -- to a function last for its call only: nothing leaks into the session or through a pooler.
--- Each setting costs the backend about 10k instructions a call, so only these are set. The
--- third keeps the query's plan made once per session: the plan cache otherwise compares the
--- generic plan's estimate with custom plans made for each call's arguments, and on tables
--- never analyzed it kept planning anew for every lease (about 140k instructions a call).
+-- Each setting has a cost on every call, so only these are set. The third keeps the query's plan
+-- made once per session: the plan cache otherwise compares the generic plan's estimate with custom
+-- plans made for each call's arguments, and on tables never analyzed it kept planning anew for
+-- every lease (instruction counts: bench/README.md, "Figures behind the code's comments").
 --
 -- `after_at, after_id`: where this caller's last lease was in the index (NULL: from the
 -- start). A queue leaves the entries of leased steps at the left edge of the index until

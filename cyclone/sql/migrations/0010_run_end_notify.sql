@@ -4,9 +4,9 @@
 --
 -- Only waited-for runs (`waited`, set by a client's wait: run_wait_register in waits.sql): a
 -- transaction that sent a NOTIFY holds a database-wide lock from the start of its commit to
--- its end, WAL flush included, so such commits happen one at a time. Notifying every run end
--- cost 1-step runs about a quarter of their throughput with 4 workers (bench/engine.py,
--- engine/baseline 0.56-0.63 against 0.72-0.83 without). The test is in the trigger's WHEN
+-- its end, WAL flush included, so such commits happen one at a time: notifying every run end
+-- cost 1-step runs a large part of their throughput (bench/README.md, "What run-end
+-- notifications cost the engine"). The test is in the trigger's WHEN
 -- clause, which the executor evaluates without calling the function: a run nobody waits for
 -- pays nothing more. A trigger rather than a NOTIFY in each statement that ends runs: runs end
 -- in a dozen places (the last step's completion, run_complete_if_done, run_fail,
