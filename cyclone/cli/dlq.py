@@ -32,7 +32,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
 
     p = dsub.add_parser("list", parents=common, help="dead steps, newest first")
     p.add_argument("--reason", choices=[k.value for k in ErrorKind], help="error kind")
-    p.add_argument("--workflow", type=text_arg)
+    p.add_argument("--workflow", type=text_arg, help="only steps of this workflow")
     p.add_argument("--since", type=duration_arg, help="dead within this long, e.g. 1h")
     p.add_argument(
         "--limit", type=limit_arg, default=1000, help=f"at most this many (max {MAX_LIMIT})"
@@ -50,7 +50,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
             "--deadline, its new deadline from now."
         ),
     )
-    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID")
+    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID", help="the step's id")
     p.add_argument("--deadline", type=positive_duration_arg, help="new run deadline, e.g. 30m")
     p.set_defaults(run=retry)
 
@@ -63,7 +63,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
             "whole error: the step row keeps only the latest error, and a retry clears it."
         ),
     )
-    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID")
+    p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID", help="the step's id")
     p.set_defaults(run=attempts)
 
 

@@ -48,15 +48,15 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=submit)
 
     p = sub.add_parser("runs", parents=common, help="list runs, newest first")
-    p.add_argument("--state", choices=[s.value for s in RunState])
-    p.add_argument("--workflow", type=text_arg)
+    p.add_argument("--state", choices=[s.value for s in RunState], help="only runs in this state")
+    p.add_argument("--workflow", type=text_arg, help="only runs of this workflow")
     p.add_argument(
         "--limit", type=limit_arg, default=50, help=f"at most this many (max {MAX_LIMIT})"
     )
     p.set_defaults(run=list_runs)
 
     p = sub.add_parser("run", parents=common, help="one run's state, error and output")
-    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
+    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
     p.add_argument(
         "--wait",
         action="store_true",
@@ -78,7 +78,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
             "says otherwise. --json lists every step that matches."
         ),
     )
-    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
+    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
     p.add_argument("--state", choices=[s.value for s in StepState], help="only steps in this state")
     p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
     p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
@@ -90,12 +90,12 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         ("resume", "resume a paused run, with the time it had left"),
     ):
         p = sub.add_parser(verb, parents=common, help=help_text)
-        p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
+        p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
         p.set_defaults(run=control, verb=verb)
 
     p = sub.add_parser("signal", parents=common, help="send a signal to a run's wait")
-    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID")
-    p.add_argument("name", type=text_arg, metavar="NAME")
+    p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
+    p.add_argument("name", type=text_arg, metavar="NAME", help="the signal's name")
     p.add_argument(
         "--payload",
         type=json_arg,

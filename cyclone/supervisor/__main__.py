@@ -144,12 +144,16 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cyclone-supervisor", description="Run Cyclone workers and a scanner on this host."
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: built-in)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         settings = load_config(args.config)
     except CycloneError as exc:
