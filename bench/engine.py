@@ -10,7 +10,7 @@ N forked processes, each with its own connection, then drain one queue while the
 * engine: `runner.execute` -> `runner.record_and_lease`, the functions a worker calls: a task's
   completion and the next lease are one statement, so one commit per step;
 * baseline: one autocommit SKIP LOCKED lease UPDATE, then one transaction that completes the
-  step and inserts the next one (or completes the run): the `tx` form of perf-anchors' ideal.py.
+  step and inserts the next one (or completes the run): the least a durable queue can do.
 
 Reps are interleaved (rep 1 of every config, then rep 2, ...) and the engine/baseline order
 alternates, so noise hits both alike. Afterwards SQL checks that every run completed and every

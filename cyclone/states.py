@@ -60,7 +60,7 @@ RETRIED_KINDS = frozenset(
     {ErrorKind.ERROR, ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.LEASE_EXPIRED}
 )
 
-# The exact text the seed page promises for steps killed by a run deadline.
+# The exact text docs/run-deadlines.md promises for steps killed by a run deadline.
 DEADLINE_ERROR = "run deadline exceeded"
 # The longest run deadline accepted (submit, dlq retry): far beyond any real run, and far
 # inside what a PostgreSQL interval can hold.

@@ -1,4 +1,4 @@
-"""Bad input gets a clear, documented error and writes nothing (SPEC sections 2 and 12)."""
+"""Bad input gets a clear, documented error and writes nothing (docs/api.md, docs/cli.md)."""
 
 from __future__ import annotations
 

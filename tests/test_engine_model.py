@@ -2,8 +2,8 @@
 
 A hypothesis state machine drives the real engine functions (submit, lease, heartbeat,
 complete, fail, cancel, pause, resume, signal, every scanner sweep) on a real PostgreSQL with
-the TestEnv clock, and after every operation checks the promises of SPEC sections 3, 4 and 12
-against `cyclone_runs` and `cyclone_steps`.
+the TestEnv clock, and after every operation checks the promises of docs/api.md (states,
+errors) and docs/run-deadlines.md against `cyclone_runs` and `cyclone_steps`.
 """
 
 from __future__ import annotations

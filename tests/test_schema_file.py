@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -159,3 +161,24 @@ def test_the_comparison_notices_a_schema_change_missing_from_the_file(schemas, c
     changed = _from_file(conn, made)
     conn.execute(change)
     assert _differences(before, catalog(conn, changed))
+
+
+def _documented_columns(view: str) -> list[str]:
+    """The column names in the first cell of each row of docs/sql.md's table for `view`."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "sql.md").read_text()
+    section = page.split(f"## `{view}`", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])]
+
+
+@pytest.mark.parametrize("view", ["cyclone_v_runs", "cyclone_v_steps"])
+def test_docs_sql_md_describes_every_column_of_the_views_in_order(env, view):
+    columns = [
+        r["attname"]
+        for r in env.conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0"
+            " ORDER BY attnum",
+            (view,),
+        )
+    ]
+    assert _documented_columns(view) == columns

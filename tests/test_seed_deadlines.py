@@ -1,4 +1,4 @@
-"""Every engine sentence of seed/run-deadlines.txt, against a real PostgreSQL."""
+"""Every engine sentence of docs/run-deadlines.md, against a real PostgreSQL."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`cyclone`: the operator's command line (SPEC section 8).
+"""`cyclone`: the operator's command line (docs/cli.md, made from these parsers).
 
     cyclone [--config FILE | --dsn URL] COMMAND [--json] ...
 

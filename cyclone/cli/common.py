@@ -37,7 +37,7 @@ from cyclone.db import (
 from cyclone.display import Shown
 from cyclone.errors import ConfigError
 
-# Exit statuses (SPEC section 8).
+# Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
 CONNECT_TIMEOUT = 5
 # Every statement the CLI runs is bounded; status uses a shorter bound (it refreshes).

@@ -5,7 +5,7 @@
 
 -- name: run_list
 -- Newest runs first; a failed run shows the error kind of its dead step (cyclone_v_runs has
--- none, as the seed page says), looked up for the listed runs only. The optional filters make
+-- none, as docs/sql.md says), looked up for the listed runs only. The optional filters make
 -- a generic plan blind to which apply, so callers run it unprepared (a custom plan each time).
 SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r.deadline_at,
        r.paused_at, r.finished_at,

@@ -3,8 +3,8 @@
 -- then changes the steps under a state guard. Runs are locked before steps, as everywhere.
 
 -- name: run_fail_deadline_passed
--- The seed page, as SQL: running runs past deadline_at fail, and every available, running or
--- waiting step is dead-lettered with kind deadline. Paused runs are not running: their
+-- docs/run-deadlines.md, as SQL: running runs past deadline_at fail, and every available,
+-- running or waiting step is dead-lettered with kind deadline. Paused runs are not running: their
 -- deadline does not elapse.
 WITH due AS (
     SELECT id FROM cyclone_runs
