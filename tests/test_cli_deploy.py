@@ -40,7 +40,9 @@ SPEC_METRICS = {
 }
 # Beyond section 9: whether the supervisor's database reads succeed (exported with the
 # database gauges), and Prometheus's own scrape health.
-EXTRA_METRICS = {"cyclone_db_up", "up"}
+EXTRA_METRICS = {
+    "cyclone_db_up", "cyclone_db_oldest_xact_age_seconds", "cyclone_db_xid_age", "up"
+}  # fmt: skip
 HISTOGRAMS = {"cyclone_step_duration_seconds"}
 _NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
 
@@ -95,6 +97,8 @@ def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
         "CycloneLeaseReclaimsHigh",
         "CycloneScannerStalled",
         "CycloneOldestAvailableStepTooOld",
+        "CycloneLongTransaction",
+        "CycloneXidWraparoundRisk",
     }
     used = set()
     for name, expr in rules.items():
