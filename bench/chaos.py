@@ -906,11 +906,15 @@ def main() -> int:
     mode.add_argument("--short", action="store_true", help="about a minute (the test suite's)")
     mode.add_argument("--soak", action="store_true", help="steady load, a report a minute")
     parser.add_argument("--runs", type=int, help="runs to submit (chaos mode)")
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--seed", type=int, help="the draw of runs and faults (printed)")
     parser.add_argument("--minutes", type=float, default=60.0, help="soak length")
     parser.add_argument("--rate", type=float, default=20.0, help="soak: steps a second")
     parser.add_argument("--keep", action="store_true", help="keep the logs and the ledger")
     args = parser.parse_args()
+    for name in ("runs", "minutes", "rate"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name}: expected a positive number, got {value:g}")
     seed = args.seed if args.seed is not None else uuid.uuid4().int % 100000
     if args.soak:
         return soak_main(args.minutes, args.rate, seed)
