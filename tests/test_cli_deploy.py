@@ -40,13 +40,16 @@ CORE_METRICS = {
     "cyclone_scanner_last_scan_timestamp_seconds",
 }
 # Added since, and Prometheus's own scrape health (`up`): whether the supervisor's database
-# reads succeed (exported with the database gauges), the due steps, unserved runs.
+# reads succeed (exported with the database gauges), the due steps, unserved runs, and the
+# database's oldest transaction and transaction-ID age.
 EXTRA_METRICS = {
     "cyclone_db_up",
     "up",
     "cyclone_steps_due",
     "cyclone_steps_due_oldest_seconds",
     "cyclone_runs_unserved",
+    "cyclone_db_oldest_xact_age_seconds",
+    "cyclone_db_xid_age",
 }
 HISTOGRAMS = {"cyclone_step_duration_seconds"}
 _NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
@@ -103,6 +106,8 @@ def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
         "CycloneScannerStalled",
         "CycloneOldestAvailableStepTooOld",
         "CycloneRunsUnserved",
+        "CycloneLongTransaction",
+        "CycloneXidWraparoundRisk",
     }
     used = set()
     for name, expr in rules.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 import cyclone
@@ -85,3 +87,48 @@ def test_scanner_reports_become_counters_and_the_last_scan_gauge() -> None:
     assert "cyclone_scanner_last_scan_timestamp_seconds 1.7000000005e+09" in text
     # Kill reasons exist at 0 before the first kill, so rate() and alerts see them.
     assert 'cyclone_worker_kills_total{reason="deadline"} 0.0' in text
+
+
+def age_gauges(gauges: DatabaseGauges, clock: Clock) -> tuple[float, float]:
+    clock.now += 60  # past the cache: a new reading
+    text = scrape(gauges)
+    return sample(text, "cyclone_db_oldest_xact_age_seconds"), sample(text, "cyclone_db_xid_age")
+
+
+def sample(text: str, name: str) -> float:
+    (value,) = [float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return value
+
+
+def test_the_oldest_open_transaction_and_the_xid_age_are_exported_from_one_cheap_query() -> None:
+    from psycopg import connect as plain
+
+    from cyclone.sql import QUERIES
+
+    age = """SELECT extract(epoch FROM now() - xact_start)::float8 AS age,
+                    (SELECT age(datfrozenxid) FROM pg_database
+                      WHERE datname = current_database())::float8 AS xids
+               FROM pg_stat_activity WHERE pid = %s"""
+    with TestEnv() as env, plain(env.dsn) as holder:
+        clock = Clock()
+        gauges = DatabaseGauges(lambda: connect_briefly(env.dsn), clock=clock)
+        idle_age, _ = age_gauges(gauges, clock)
+        holder.execute("SELECT txid_current()")  # a transaction left open, as a stuck client's
+        backend = holder.info.backend_pid
+        wait_for = idle_age + 0.3
+        while (gauge := age_gauges(gauges, clock))[0] < wait_for:
+            assert env.conn.execute(age, (backend,)).fetchone()["age"] < 10, "gauge stuck"
+            time.sleep(0.05)
+        before = env.conn.execute(age, (backend,)).fetchone()
+        oldest, xids = age_gauges(gauges, clock)
+        after = env.conn.execute(age, (backend,)).fetchone()
+        assert before["age"] <= oldest <= after["age"]
+        assert before["xids"] <= xids <= after["xids"] and xids > 0
+        holder.commit()
+        assert age_gauges(gauges, clock)[0] < before["age"]
+        assert gauge[0] >= wait_for
+        # Cheap at any size of the tables: shared memory and one catalog row.
+        plan = env.conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["metrics_database_age"]
+        ).fetchone()["QUERY PLAN"][0]["Plan"]
+        assert plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0) <= 4, plan

@@ -104,3 +104,18 @@ SELECT 'unserved', workflow, runs FROM unserved;
 -- options (PgBouncer's ignore_startup_parameters = options) drops the one a connection asked
 -- for without a word.
 SELECT setting::integer AS ms FROM pg_settings WHERE name = 'statement_timeout';
+
+-- name: metrics_database_age
+-- Two gauges of this database's health under sustained load, read from shared memory and one
+-- catalog row (no table is scanned). How long the oldest open transaction of a client session
+-- has run: it holds back VACUUM, so dead rows pile up while it lasts (0 when none is open).
+-- Sessions of other roles show no xact_start unless the reader has pg_read_all_stats; the
+-- supervisor's role sees its own workers'. And age(datfrozenxid): autovacuum's freeze starts
+-- at 200 million, PostgreSQL stops writes at about 2 billion.
+SELECT 'oldest_xact_age_seconds' AS metric,
+       greatest(max(extract(epoch FROM now() - xact_start)), 0)::float8 AS value
+  FROM pg_stat_activity
+ WHERE datname = current_database() AND backend_type = 'client backend'
+   AND xact_start IS NOT NULL AND pid <> pg_backend_pid()
+UNION ALL
+SELECT 'xid_age', age(datfrozenxid)::float8 FROM pg_database WHERE datname = current_database();
