@@ -147,7 +147,6 @@ def drain(base: str, mode: str, args: argparse.Namespace, tmp: Path) -> dict[str
         with Client(env.dsn) as client:
             for first in range(0, args.runs, BATCH):
                 client.submit_many(wf, [None] * min(BATCH, args.runs - first))
-        env.conn.execute("ANALYZE")
         pooler = None
         dsn = env.dsn
         if mode.startswith("pooler"):
