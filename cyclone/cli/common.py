@@ -11,6 +11,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 import uuid
 from argparse import ArgumentTypeError
 from collections.abc import Iterator
@@ -325,7 +326,10 @@ def to_jsonable(value: Any) -> Any:
 def note_hidden(shown: Shown) -> None:
     """Say which spare columns a narrow terminal left out, so none goes missing unnoticed."""
     if shown.hidden:
-        message(f"not shown at {shown.width} columns: {', '.join(shown.hidden)} (--json has all)")
+        hidden = ", ".join(shown.hidden)
+        text = f"{PREFIX}not shown at {shown.width} columns: {hidden} (--json has all)"
+        # Folded at word boundaries to the width the listing was laid out for.
+        print(textwrap.fill(text, shown.width, subsequent_indent="  "), file=sys.stderr, flush=True)
 
 
 def emit_json(value: Any) -> None:

@@ -65,7 +65,8 @@ def _header(snap: Snapshot) -> Text:
     text = Text("cyclone status", style="bold cyan")
     text.append(f"  {when(snap.taken_at)} (database clock)\n")
     text.append(
-        f"{live} supervisor(s), {busy}/{len(snap.workers)} workers busy; "
+        # Two lines, so that neither is folded mid-word at 80 columns.
+        f"{live} supervisor(s), {busy}/{len(snap.workers)} workers busy\n"
         f"{'more than ' if q['due_capped'] else ''}{q['due']} step(s) due, "
         f"oldest waiting {seconds(q['oldest_due_age'])}; "
         f"{q['running']} running; DLQ {snap.dlq_total}"
