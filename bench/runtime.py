@@ -86,6 +86,7 @@ migrate = false
 workers = {workers}
 kill_grace = "{kill_grace}"
 max_steps_per_worker = {max_steps}
+dispatch = {dispatch}
 [worker]
 lease_ttl = "30s"
 heartbeat_interval = "5s"
@@ -107,7 +108,7 @@ class Supervisor:
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
         options = {
             "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
-            "max_steps": "0", "modules": '"runtime"', **config,
+            "max_steps": "0", "modules": '"runtime"', "dispatch": "true", **config,
         }  # fmt: skip
         path = tmp / "bench.toml"
         path.write_text(CONFIG.format(workers=workers, **options))

@@ -242,6 +242,9 @@ SETTINGS: tuple[Setting, ...] = (
             "On SIGTERM, how long running steps may finish before they are killed and released."),
     Setting("supervisor", "max_steps_per_worker", INT, 10000, _ints(0),
             "Replace a worker after this many steps, to bound leaks; 0 never recycles."),
+    Setting("supervisor", "dispatch", BOOL, True, None,
+            "Lease for the idle workers and record the tasks they finished in one statement "
+            "for all of them; false: each worker leases and records on its own session."),
     Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
             "A lease not renewed for this long expires, and the scanner reclaims its step."),
     Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,
@@ -306,6 +309,7 @@ class SupervisorConfig:
     kill_grace: float = _default("supervisor", "kill_grace")
     shutdown_timeout: float = _default("supervisor", "shutdown_timeout")
     max_steps_per_worker: int = _default("supervisor", "max_steps_per_worker")
+    dispatch: bool = _default("supervisor", "dispatch")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
-from cyclone.sql import QUERIES
+from cyclone.sql import QUERIES, numbered
 
-_PARAM = re.compile(r"%\((\w+)\)s")
 _COUNTER = itertools.count()
 
 
@@ -39,18 +37,6 @@ class Probe:
 
     def scans(self) -> set[str]:
         return {f"{n['Node Type']}:{n.get('Relation Name', '')}" for n in self.nodes}
-
-
-def numbered(query: str) -> tuple[str, list[str]]:
-    """The query with %(name)s placeholders as $1.. (as psycopg sends it), and the names."""
-    names: list[str] = []
-
-    def number(m: re.Match[str]) -> str:
-        if m[1] not in names:
-            names.append(m[1])
-        return f"${names.index(m[1]) + 1}"
-
-    return _PARAM.sub(number, query), names
 
 
 def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:

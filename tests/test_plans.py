@@ -10,6 +10,7 @@ that reads the backlog touches tens of thousands.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,6 +23,7 @@ import cyclone
 from cyclone import engine
 from cyclone.db import connect, text_array
 from cyclone.engine.advance import node_rows
+from cyclone.engine.dispatch import Finished, dispatch_params
 from cyclone.engine.steps import Lease
 from cyclone.sql import QUERIES
 from cyclone.testing import TestEnv
@@ -194,6 +196,21 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     },
     "step_complete_last": lambda b: {**_completion(b.leases["one"]), **_lease_params(b)},
     "step_complete": lambda b: _completion(b.leases["one"]),
+    # The supervisor's statement for its workers: two finished (a chain's and a run's last),
+    # three waiting.
+    "steps_dispatch": lambda b: {
+        **dispatch_params(
+            [
+                Finished(b.leases["chain"].step_id, b.leases["chain"].token,
+                         b.leases["chain"].run_id, None, json.loads(_chain_next())),
+                Finished(b.leases["one"].step_id, b.leases["one"].token,
+                         b.leases["one"].run_id, None, last=True),
+            ],
+            ["plans:1", "plans:2", "plans:3"], workflows=(one.name, chain.name),
+            lease_ttl=30.0,
+        ),
+        "after_at": None, "after_id": None,
+    },
     "step_heartbeat": lambda b: _fenced(b, ttl=30.0),
     "step_fail": lambda b: _fenced(
         b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
@@ -277,6 +294,8 @@ def test_statement_cost_does_not_follow_the_backlog(backlog: Backlog, name: str,
         # It counts due steps up to its cap, through the index, and the due steps of each
         # paused run through its run_id: that is what it returns.
         bound = BOUND + params["cap"] // 25 + 5 * PAUSED
+    if name == "steps_dispatch":
+        bound = 2 * BOUND  # it does five steps' work: two completions and three leases
     if name in COUNTS:
         bound = BOUND + LIVE_RUNS // 25
     if name == "metrics_gauges":

@@ -22,6 +22,22 @@ _COMMENT_LINE = re.compile(r"^[ \t]*--.*\n?", re.MULTILINE)
 SCHEMA_FILE = "schema.sql"
 
 
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def numbered(query: str) -> tuple[str, list[str]]:
+    """The query with its %(name)s placeholders as $1.. (as psycopg sends it), and the names
+    in their order: for statements sent through libpq directly, and for PREPARE."""
+    names: list[str] = []
+
+    def number(m: re.Match[str]) -> str:
+        if m[1] not in names:
+            names.append(m[1])
+        return f"${names.index(m[1]) + 1}"
+
+    return _PARAM.sub(number, query), names
+
+
 def parse_queries(text: str, source: str = "<sql>") -> dict[str, str]:
     parts = _NAME.split(text)
     queries: dict[str, str] = {}

@@ -163,6 +163,92 @@ WITH run AS (
 ),
 -- include: _lease_next
 
+-- name: steps_dispatch
+-- The supervisor's statement for its workers (cyclone/supervisor/dispatch.py): record the
+-- steps they finished and lease a step for each worker that waits, in one statement, so that
+-- a statement's fixed cost is paid once for all of them. %(done)s: a JSON array of the tasks
+-- finished, each completed as step_complete_chain completes it (`last` false: its `next` steps
+-- are made) or as step_complete_last does (`last` true: the run completes, locked first, in id
+-- order, before any step is locked). %(workers)s: the names of the waiting workers, leased for
+-- in their order; `worker` in the result is a name's position, from 1. Locks are taken in the
+-- single statements' order: the runs of `last` completions (evaluated as the candidate scan's
+-- argument), the candidates, then the finished steps. The candidates skip the runs of every
+-- finished step, for the reason _lease_next gives. One row, one column: a JSON object of the
+-- steps whose completion went through the fence (`completed`) and of the leases taken
+-- (`leases`), one text value, which the supervisor reads without psycopg's row machinery (it
+-- waits for several of these statements at once, on several sessions, from its loop).
+-- %(step_ids)s and %(last_runs)s repeat the finished steps' ids and the `last` ones' runs as
+-- arrays: a lookup by `= ANY (array)` has one sensible plan, a walk of the primary key, where a
+-- join to the JSON rows (which the planner takes for a hundred) read the whole table.
+WITH c AS (
+    SELECT * FROM jsonb_to_recordset(%(done)s::jsonb)
+        AS c (step_id bigint, token uuid, run_id uuid, last boolean, output jsonb, next jsonb)
+), run AS (
+    SELECT r.id FROM cyclone_runs r
+     WHERE r.id = ANY (%(last_runs)s::uuid[])
+     ORDER BY r.id
+       FOR NO KEY UPDATE
+), candidate AS (
+    SELECT * FROM cyclone_lease_candidates(
+               CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
+               (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
+               %(workflows)s::text[], %(after_at)s::timestamptz, %(after_id)s::bigint)
+), done AS (
+    UPDATE cyclone_steps s
+       SET state = 'completed', output = c.output,
+           completed_at = coalesce(%(now)s::timestamptz, now()),
+           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
+      FROM c
+     WHERE s.id = ANY (%(step_ids)s::bigint[])
+       AND s.id = c.step_id AND s.lease_token = c.token
+       AND (NOT c.last OR s.run_id IN (SELECT run.id FROM run))
+ RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next
+), next AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, due_at, created_at)
+    SELECT done.run_id, done.workflow, n.node, n.kind,
+           CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+           n.max_attempts, make_interval(secs => n.timeout), n.signal,
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+           coalesce(%(now)s::timestamptz, now())
+      FROM done,
+           jsonb_to_recordset(done.next)
+           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
+     WHERE NOT done.last
+), finished AS (
+    UPDATE cyclone_runs r
+       SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
+           paused_at = NULL, output = jsonb_build_object(done.node, done.output)
+      FROM done
+     WHERE r.id = ANY (%(last_runs)s::uuid[])
+       AND done.last AND r.id = done.run_id AND r.state IN ('running', 'paused')
+), numbered AS (
+    SELECT candidate.*, row_number() OVER () AS n FROM candidate
+), leased AS (
+    UPDATE cyclone_steps s
+       SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
+           lease_expires_at = coalesce(%(now)s::timestamptz, now())
+                              + make_interval(secs => %(ttl)s),
+           leased_by = w.name, started_at = coalesce(%(now)s::timestamptz, now())
+      FROM numbered
+      JOIN unnest(%(workers)s::text[]) WITH ORDINALITY AS w (name, n) ON w.n = numbered.n
+     WHERE s.id = numbered.id
+       AND CASE WHEN numbered.id IS NOT NULL THEN (SELECT count(*) FROM done) >= 0
+                ELSE false END
+ RETURNING w.n AS worker, s.id, numbered.available_at, s.run_id, s.workflow, s.node,
+           s.kind, s.item_index, s.item, s.attempt, s.max_attempts, s.lease_token,
+           numbered.input, numbered.deadline_at, numbered.graph_hash, numbered.parent_run_id,
+           extract(epoch FROM least(s.timeout, numbered.deadline_at
+                                               - coalesce(%(now)s::timestamptz, now())))::float8
+               AS kill_after,
+           extract(epoch FROM numbered.deadline_at
+                              - coalesce(%(now)s::timestamptz, now()))::float8 AS deadline_left
+)
+SELECT json_build_object(
+           'completed', (SELECT coalesce(json_agg(done.id), '[]') FROM done),
+           'leases', (SELECT coalesce(json_agg(leased), '[]') FROM leased))::text AS result;
+
 -- name: step_fail
 -- An attempt failed: retry after a backoff with jitter while attempts remain, else dead-letter.
 -- The attempt's error is kept in cyclone_step_attempts: the row's own error is overwritten by

@@ -100,8 +100,10 @@ class Arbiter:
         reload: Reloader | None = None,
         watcher: Watcher | None = None,
         events: Events | None = None,
+        wants: Callable[[WorkerHandle, channel.Want], None] | None = None,
     ) -> None:
         self.config = config
+        self.wants = wants
         self.ops = ops
         self.clock = clock
         self.store = store
@@ -277,12 +279,23 @@ class Arbiter:
                 lease.renewed_at = max(self.renewed_at(lease), renewal_time(message.since, now))
         elif isinstance(message, channel.Idle):
             handle.lease = None
+        elif isinstance(message, channel.Want) and self.wants is not None:
+            self.wants(handle, message)
         elif isinstance(message, channel.Scanned):
             self.events.scanned(message)
             if not message.ok:
                 self.database_failed()
             elif message.counts:  # a pass that ran its sweeps: the database answered
                 self.database_answered()
+
+    def may_lease(self, handle: WorkerHandle, finishing: int | None = None) -> bool:
+        """Whether a step may be leased for this worker (see supervisor/dispatch.py): not one
+        leaving, killed, of an old config, or holding a step other than `finishing`."""
+        return (
+            handle.role is Role.WORKER and not self.draining and not handle.retiring
+            and handle.kill is None and handle.generation == self.generation
+            and (handle.lease is None or handle.lease.step_id == finishing)
+        )  # fmt: skip
 
     # --- reaping ------------------------------------------------------------------------------
 

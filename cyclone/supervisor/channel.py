@@ -11,12 +11,18 @@ A line is a verb, optionally followed by a space and a JSON object:
           "retry": true}
     idle
     scanned {"at": 1767225600.5, "ok": true, "counts": {"deadlines": 1, "expired_leases": 0}}
+    want {"lease": true, "duration": 0.004, "finished": {"step_id": 7, "token": "...", ...}}
+
+and, the other way, the supervisor's answer to a `want` (see cyclone/supervisor/dispatch.py):
+
+    given {"recorded": true, "since": 81234.6, "lease": {"id": 8, "lease_token": "...", ...}}
 
 Times are durations read from the database clock (`kill_after`, `deadline_left`, seconds from
 the lease), which the supervisor adds to its own monotonic clock: wall clocks of different hosts
 and the database are never compared. `since` is a time on the host's monotonic clock, which a
-worker shares with its supervisor (CLOCK_MONOTONIC is one clock for the whole host). Lines are
-shorter than PIPE_BUF, so each write is atomic and lines from one worker never interleave.
+worker shares with its supervisor (CLOCK_MONOTONIC is one clock for the whole host). The
+channel is a socket pair; a worker's threads write whole lines under one lock, so lines from one
+worker never interleave.
 """
 
 from __future__ import annotations
@@ -25,14 +31,18 @@ import json
 import logging
 import math
 import os
+import select
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, NoReturn
 
-# A longer line is garbage (or an attack on the supervisor's memory): it is dropped.
-MAX_LINE = 4096
+# A longer line from a worker is garbage (or an attack on the supervisor's memory): it is
+# dropped. A finished step whose output would make a longer `want` line is recorded by its
+# worker instead.
+MAX_LINE = 65536
 
 
 class ExitCode(IntEnum):
@@ -120,9 +130,35 @@ class Idle:
     verb: ClassVar[str] = "idle"
 
 
-Message = Ready | Leased | Beat | Done | Idle | Scanned
+@dataclass(frozen=True, slots=True)
+class Want:
+    """A worker waits for its next step (`lease` false: for the answer only, it is leaving),
+    having finished the task in `finished` (a dispatch.Finished's fields, `duration` long), if
+    any, for the supervisor to record."""
+
+    verb: ClassVar[str] = "want"
+    lease: bool = True
+    duration: float | None = None
+    finished: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Given:
+    """The supervisor's answer to a `want`: whether the finished step was recorded (None: not
+    tried, the worker records it itself), and the lease taken for the worker (a row of
+    steps_dispatch, sent at `since`), if any. `own`: the supervisor cannot lease for now
+    (its database session failed): the worker leases for itself until told otherwise."""
+
+    verb: ClassVar[str] = "given"
+    recorded: bool | None = None
+    lease: dict[str, Any] | None = None
+    since: float | None = None
+    own: bool = False
+
+
+Message = Ready | Leased | Beat | Done | Idle | Scanned | Want | Given
 _BY_VERB: dict[str, type[Any]] = {
-    cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle, Scanned)
+    cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle, Scanned, Want, Given)
 }
 # How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
 # worst case stays far below MAX_LINE.
@@ -233,26 +269,48 @@ def decode(line: bytes) -> Message:
 class LineBuffer:
     """Collects bytes read from a pipe and hands out whole lines."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_line: int = MAX_LINE) -> None:
         self._pending = b""
+        self.max_line = max_line
 
     def feed(self, data: bytes) -> list[bytes]:
         self._pending += data
         *lines, self._pending = self._pending.split(b"\n")
-        if len(self._pending) > MAX_LINE:
+        if len(self._pending) > self.max_line:
             self._pending = b""
-        return [line for line in lines if line and len(line) <= MAX_LINE]
+        return [line for line in lines if line and len(line) <= self.max_line]
 
 
 class Channel:
-    """The worker's end of the pipe. A supervisor that is gone raises BrokenPipeError."""
+    """The worker's end of the channel. A supervisor that is gone raises BrokenPipeError."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._lock = threading.Lock()  # the keeper thread writes too
+        # The supervisor's lines carry a step's input: no bound but the supervisor's own.
+        self._incoming = LineBuffer(max_line=1 << 40)
+        self._received: list[bytes] = []
 
     def send(self, *messages: Message) -> None:
         """Write the messages' lines in one write: the supervisor wakes once for all of them."""
-        data = b"".join([encode(m) for m in messages])
-        while data:
-            written = os.write(self.fd, data)
-            data = data[written:]
+        self.send_raw(b"".join([encode(m) for m in messages]))
+
+    def send_raw(self, data: bytes) -> None:
+        with self._lock:
+            while data:
+                written = os.write(self.fd, data)
+                data = data[written:]
+
+    def receive(self, timeout: float) -> Message | None:
+        """The supervisor's next line, waiting at most `timeout`; EOFError once it is gone."""
+        if not self._received:
+            ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
+            if not ready:
+                return None
+            data = os.read(self.fd, 1 << 20)
+            if not data:
+                raise EOFError("the supervisor closed the channel")
+            self._received = self._incoming.feed(data)
+            if not self._received:
+                return None
+        return decode(self._received.pop(0))

@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -199,7 +200,8 @@ class ProcessOps(Protocol):
     """The OS calls the supervisor's decisions make."""
 
     def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
-        """Fork a child that runs `main(write_fd)`; return (pid, read_fd) of its pipe."""
+        """Fork a child that runs `main(write_fd)`; return (pid, read_fd): the two ends of its
+        channel (a socket pair: the supervisor may answer on it)."""
 
     def signal(self, pid: int, sig: int) -> None:
         """Send `sig` to one process; a process that is gone is not an error."""
@@ -224,7 +226,10 @@ class OsProcessOps:
         self.private_fds: list[int] = []
 
     def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
-        read_fd, write_fd = os.pipe()
+        # A socket pair, not a pipe: the supervisor answers a worker that asks for its next
+        # step on the same channel (supervisor/dispatch.py).
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        read_fd, write_fd = ours.detach(), theirs.detach()
         # Block the supervisor's signals across the fork, so that none is handled in the child
         # by the supervisor's handlers before the child has reset them.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, SUPERVISOR_SIGNALS)

@@ -27,6 +27,7 @@ from cyclone.outage import OutageLog
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
 from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
+from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.proctitle import set_title, supervisor_title
@@ -52,6 +53,7 @@ METRICS_STATEMENT_TIMEOUT_MS = 1000
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+_DISPATCH = "dispatch"
 # The exit status of a start-up that a setting makes impossible (as for a bad config file):
 # systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
 EXIT_CONFIG = 2
@@ -85,6 +87,7 @@ class ChildBuilder:
             heartbeat_interval=self.settings.worker.heartbeat_interval,
             poll_interval=self.settings.worker.poll_interval,
             max_steps=self.settings.supervisor.max_steps_per_worker,
+            dispatch=self.settings.supervisor.dispatch,
         )
         return Worker(options, self.registry, parent=os.getpid()).run
 
@@ -125,6 +128,11 @@ class Supervisor:
         self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
         self.notifier = Notifier()
         self.started_at = time.monotonic()
+        self.dispatcher = Dispatcher(
+            dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
+            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
+            unwatch=self.unwatch,
+        )  # fmt: skip
 
     # --- the selector, as the arbiter's Watcher ----------------------------------------------
 
@@ -152,6 +160,7 @@ class Supervisor:
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
             factory=ChildBuilder(self.settings, self.dsn, self.registry),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
+            wants=self.dispatcher.want,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
@@ -172,6 +181,7 @@ class Supervisor:
         finally:
             self.presence.withdraw()
             self.listener.close()
+            self.dispatcher.close()
             store.close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
@@ -212,10 +222,16 @@ class Supervisor:
                 tick = True
             elif key.data == _METRICS and self.metrics_server is not None:
                 self.metrics_server.handle()
+            elif key.data == _DISPATCH:
+                self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
                 self.presence.mark_changed()
-                self.coalesce_until = time.monotonic() + COALESCE
+                if not self.settings.supervisor.dispatch:
+                    # Workers that lease for themselves only report: their lines may wait.
+                    self.coalesce_until = time.monotonic() + COALESCE
+        # Workers that wait for their next step wait for this: answered before anything else.
+        self.dispatcher.flush(self.arbiter)
         signals, self.pending_signals = self.pending_signals, []
         for signum in signals:
             self.arbiter.handle_signal(signum)
@@ -327,6 +343,7 @@ class Supervisor:
             except (ImportError, psycopg.Error) as exc:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
         self.settings = settings
+        self.dispatcher.lease_ttl = settings.worker.lease_ttl
         log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")
         self.warn_unserved()
         return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry)

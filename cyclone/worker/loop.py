@@ -17,7 +17,9 @@ import psycopg
 from cyclone import engine, runner
 from cyclone.context import CancelEvent, Effects
 from cyclone.db import connect, with_options
+from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
+from cyclone.states import NodeKind
 from cyclone.supervisor import channel
 from cyclone.supervisor.channel import Channel, ExitCode
 from cyclone.supervisor.proctitle import set_title, worker_title
@@ -42,6 +44,15 @@ class WorkerOptions:
     heartbeat_interval: float
     poll_interval: float
     max_steps: int  # 0: never recycle
+    # Ask the supervisor for each step, and have it record finished tasks (dispatch.py).
+    dispatch: bool = False
+
+
+# Told to lease on its own (the supervisor's session failed), a worker does so this long
+# before it asks the supervisor again.
+OWN_FOR = 5.0
+# How long a wait for the supervisor's answer lasts before the worker checks it is still there.
+ANSWER_POLL = 1.0
 
 
 class Worker:
@@ -63,6 +74,8 @@ class Worker:
         self.lease_sent = 0.0
         self.name = ""
         self.workflows = tuple(registry)  # the names this worker leases for, on every lease
+        self.own_until = 0.0  # leasing on its own until then, though dispatch is on
+        self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
 
@@ -186,6 +199,10 @@ class Worker:
             self.unsent = None
         if lease is None:
             return
+        if self.given:
+            # The supervisor saw this lease taken: it must not count it as held any more.
+            self.given = False
+            self.channel.send(channel.Idle())
         try:
             engine.release_step(self.db(), lease.step_id, lease.token)
         except psycopg.Error as exc:
@@ -193,6 +210,10 @@ class Worker:
             log.warning("step %d: could not give its lease back: %s", lease.step_id, exc)
 
     def lease(self) -> Lease | None:
+        if self.dispatching():
+            given = self.ask(b'want {"lease":true}\n')
+            if not given.own:
+                return self.from_given(given)
         self.lease_sent = time.monotonic()
         try:
             return engine.lease_step(
@@ -203,6 +224,31 @@ class Worker:
             # Nothing held, nothing at stake: the supervisor respawns us with backoff.
             log.error("worker %d lost its database: %s", self.options.number, exc)
             raise ChildExit(ExitCode.BOOT_ERROR) from None
+
+    def dispatching(self) -> bool:
+        return self.options.dispatch and time.monotonic() >= self.own_until
+
+    def ask(self, line: bytes) -> channel.Given:
+        """Send a `want` line (with a `done` report still unsent) and wait for the answer."""
+        before, self.unsent = self.unsent, None
+        self.channel.send_raw((channel.encode(before) if before else b"") + line)
+        while True:
+            try:
+                message = self.channel.receive(ANSWER_POLL)
+            except (EOFError, OSError):
+                raise ChildExit(ExitCode.ORPHANED) from None
+            if isinstance(message, channel.Given):
+                if message.own:
+                    self.own_until = time.monotonic() + OWN_FOR
+                return message
+            check_parent(self.parent)
+
+    def from_given(self, given: channel.Given) -> Lease | None:
+        if given.lease is None:
+            return None
+        self.lease_sent = given.since if given.since is not None else time.monotonic()
+        self.given = True
+        return lease_of(given.lease, self.options.lease_ttl)
 
     def db(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
@@ -242,6 +288,12 @@ class Worker:
         outcome, written = self.settle(lease, outcome, effects)
         nxt = None
         if written is None:
+            given = self.hand_over(lease, outcome, leased_at)
+            if given is not None:
+                # The supervisor recorded the step and reported it: nothing more to say.
+                if given.recorded is False:
+                    log.warning("step %d: lease lost, result discarded", lease.step_id)
+                return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         duration = time.monotonic() - leased_at
@@ -259,9 +311,35 @@ class Worker:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
         return nxt
 
+    def hand_over(
+        self, lease: Lease, outcome: runner.Outcome, leased_at: float
+    ) -> channel.Given | None:
+        """Have the supervisor record a finished task and lease the next step with it; None
+        when this step is not one it can record (see dispatch.py), or it said to lease alone."""
+        if not (self.dispatching() and outcome.ok and lease.kind == NodeKind.TASK):
+            return None
+        if outcome.encoded is None:
+            return None
+        finished = finished_json(self.db(), lease, outcome.encoded)
+        if finished is None:
+            return None
+        duration = time.monotonic() - leased_at
+        line = (
+            f'want {{"lease":{"true" if self.wants_next() else "false"},'
+            f'"duration":{duration!r},"finished":{finished}}}\n'
+        ).encode()
+        if len(line) > channel.MAX_LINE:
+            return None  # recorded on this worker's own session instead
+        given = self.ask(line)
+        # `own`, or this batch failed: the step is recorded here, on the worker's own session.
+        return None if given.own or given.recorded is None else given
+
     def report_lease(self, lease: Lease) -> None:
         # The durations were read on the database clock as the lease was taken, just before
         # this: the supervisor adds them to its own clock as the line arrives.
+        if self.given:
+            self.given = False  # the supervisor took it, and reported it itself
+            return
         before, self.unsent = self.unsent, None
         self.channel.send(*([before] if before else []), channel.Leased(
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,

@@ -137,14 +137,16 @@ def test_a_worker_resumed_past_its_lease_under_a_frozen_supervisor_runs_no_more_
 ) -> None:
     from proc_flows import ledger
 
-    sup = supervisor(workers=2, **LEASES)
+    sup = supervisor(workers=1, **LEASES)
     run_id = env.client.submit(ledger, {"dir": str(tmp_path), "seconds": 6.0})
     worker = wait_for(lambda: busy_workers(tmp_path, sup.workers()), 10, "the step to start")[0]
     # As if the whole host froze: the supervisor cannot kill, the worker cannot renew.
     os.kill(sup.pid, signal.SIGSTOP)
     os.kill(worker, signal.SIGSTOP)
     try:
-        # The scanner (not frozen) reclaims the lapsed lease; the other worker takes it over.
+        # Another host's supervisor (its scanner) reclaims the lapsed lease, and its worker
+        # takes the step over.
+        supervisor(workers=1, **LEASES)
         wait_for(lambda: 2 in next(iter(read_ledger(tmp_path).values())), 10, "attempt 2")
         resumed_at = time.monotonic()
         os.kill(worker, signal.SIGCONT)

@@ -1,0 +1,177 @@
+"""Leasing for several workers at once: the supervisor's side of a step.
+
+A supervisor's workers hand it the tasks they finished and ask it for their next step; it
+records the finished ones and leases for every worker that waits in one statement
+(`steps_dispatch`), so that what a statement costs PostgreSQL whatever it does (parse, plan,
+executor start-up, commit) is paid once for all of them. The rules are the single statements'
+rules: a completion goes through only under its lease token, the steps after it are made in the
+same transaction, and a lease is taken from the same candidate scan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.db import retrying, step_cursor, text_array
+from cyclone.engine.graphs import graph_by_hash
+from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, _fast_completion, _LeaseFloor
+from cyclone.sql import QUERIES, numbered
+from cyclone.states import NodeKind
+
+Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """A task a worker finished, to be completed by `dispatch`.
+
+    `output` is the value the handler returned; `next` the steps to make after it (JSON text
+    of the rows, as step_complete_chain takes them), or None when the step is its run's last.
+    """
+
+    step_id: int
+    token: str
+    run_id: str
+    output: Any
+    next: Any = None
+    last: bool = False
+
+
+def finished_json(conn: Conn, lease: Lease, encoded: str) -> str | None:
+    """`finished_of`'s Finished as the JSON object a worker's `want` line carries, made from
+    the output already encoded (the worker's encoder checked it), or None as there."""
+    fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
+    if fast is None:
+        return None
+    query, extra = fast
+    last = query == "step_complete_last"
+    nxt = "null" if last else extra["next"]
+    return (
+        f'{{"step_id":{lease.step_id},"token":"{lease.token}","run_id":"{lease.run_id}",'
+        f'"last":{"true" if last else "false"},"next":{nxt},"output":{encoded}}}'
+    )
+
+
+def finished_of(conn: Conn, lease: Lease, output: Any) -> Finished | None:
+    """The completion `dispatch` can record for this lease, or None when the step needs the
+    general path (joins, map items, waits that may take a kept signal, child runs)."""
+    fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
+    if fast is None:
+        return None
+    query, extra = fast
+    if query == "step_complete_last":
+        return Finished(lease.step_id, lease.token, lease.run_id, output, last=True)
+    return Finished(lease.step_id, lease.token, lease.run_id, output, json.loads(extra["next"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatched:
+    """What one statement did: the steps it completed, and a lease row per worker served
+    (by the worker's position in the names given, from 0)."""
+
+    completed: frozenset[int]
+    leases: dict[int, dict[str, Any]]
+
+    @classmethod
+    def parse(cls, text: str) -> Dispatched:
+        """From the statement's one JSON value."""
+        found = json.loads(text)
+        leases = {row["worker"] - 1: row for row in found["leases"]}
+        return cls(frozenset(found["completed"]), leases)
+
+    def last(self) -> dict[str, Any] | None:
+        """The lease furthest along the candidate index (for the session's _LeaseFloor)."""
+        return max(self.leases.values(), key=lambda r: (r["available_at"], r["id"]), default=None)
+
+
+# steps_dispatch with $n placeholders, and the names of its parameters in their order: the
+# supervisor sends it through libpq directly, several sessions at once (supervisor/dispatch.py).
+DISPATCH_SQL, DISPATCH_PARAMS = numbered(QUERIES["steps_dispatch"])
+
+
+def dispatch_params(
+    finished: Sequence[Finished],
+    workers: Sequence[str],
+    *,
+    workflows: Sequence[str] | None,
+    lease_ttl: float,
+    now: datetime | None = None,
+) -> dict[str, str | None]:
+    """steps_dispatch's parameters, each as the text PostgreSQL reads (casts are in the SQL)."""
+    rows = [
+        {"step_id": f.step_id, "token": f.token, "run_id": f.run_id, "last": f.last,
+         "output": f.output, "next": f.next}
+        for f in finished
+    ]  # fmt: skip
+    return {
+        "done": json.dumps(rows, separators=(",", ":")),
+        "step_ids": "{" + ",".join(str(f.step_id) for f in finished) + "}",
+        "last_runs": "{" + ",".join(f.run_id for f in finished if f.last) + "}",
+        "want": str(len(workers)),
+        "workers": text_array(tuple(workers)),
+        "workflows": text_array(tuple(workflows)) if workflows is not None else None,
+        "ttl": repr(float(lease_ttl)),
+        "now": now.isoformat() if now is not None else None,
+    }
+
+
+def floor_params(floor: _LeaseFloor) -> dict[str, str | None]:
+    """Where the session's last lease was (see _LeaseFloor), as text."""
+    after = floor.params()
+    at, at_id = after["after_at"], after["after_id"]
+    return {
+        "after_at": at if at is None or isinstance(at, str) else at.isoformat(),
+        "after_id": None if at_id is None else str(at_id),
+    }
+
+
+def dispatch(
+    conn: Conn,
+    finished: Sequence[Finished],
+    workers: Sequence[str],
+    *,
+    workflows: Sequence[str] | None = None,
+    lease_ttl: float = DEFAULT_LEASE_TTL,
+    now: datetime | None = None,
+) -> Dispatched:
+    """Complete `finished` and lease at most one step for each of `workers`, in one statement,
+    waiting for it (the supervisor sends the same statement without waiting).
+
+    Like `lease_step`, it keeps its place in the candidate index on the connection; when a
+    scan from that place finds nothing, a second statement (leasing only) scans from the start.
+    """
+    params = dispatch_params(finished, workers, workflows=workflows, lease_ttl=lease_ttl, now=now)
+    floor = _LeaseFloor.of(conn)
+    completed: frozenset[int] = frozenset()
+    while True:
+        params.update(floor_params(floor))
+        row = retrying(
+            lambda: step_cursor(conn).execute(QUERIES["steps_dispatch"], params).fetchone()
+        )
+        result = Dispatched.parse(row["result"])
+        completed = completed | result.completed
+        if not workers or not floor.taken(result.last()):
+            return Dispatched(completed, result.leases)
+        # Nothing after the last lease: look from the start, completing nothing twice.
+        params.update(done="[]", step_ids="{}", last_runs="{}")
+
+
+def lease_of(row: dict[str, Any], lease_ttl: float) -> Lease:
+    """The Lease a worker runs, from a lease row of `dispatch`."""
+    deadline = row["deadline_at"]
+    return Lease(
+        step_id=row["id"], run_id=row["run_id"], workflow=row["workflow"], node=row["node"],
+        kind=NodeKind(row["kind"]), attempt=row["attempt"], max_attempts=row["max_attempts"],
+        token=row["lease_token"], input=row["input"], item_index=row["item_index"],
+        item=row["item"],
+        deadline_at=datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline,
+        graph_hash=row["graph_hash"], kill_after=row["kill_after"],
+        deadline_left=row["deadline_left"], lease_ttl=lease_ttl,
+        parent_run_id=row["parent_run_id"],
+    )  # fmt: skip

@@ -1,0 +1,328 @@
+"""The supervisor leases for its idle workers and records what they finished, in one statement.
+
+A worker that finished a task (or waits for work) writes a `want` line and waits for the
+`given` answer. The supervisor collects the `want`s of one wake-up of its loop and runs one
+`steps_dispatch` statement for all of them (cyclone/engine/dispatch.py): what a statement costs
+PostgreSQL whatever it does is then paid once per batch instead of once per step. Batches form
+by themselves: while one statement runs, the next workers' lines wait in their sockets.
+
+Workers still run one step each and are killed exactly as before: the arbiter learns of each
+lease taken here as if its worker had reported it (`leased`), and of each completion (`done`).
+What does not fit the one statement (a failure, a join, a map, a child run, a handler's own
+transaction, an output too long for a line) the worker records on its own session, then asks
+for its next step. When this session fails, every worker is told to lease on its own (`own`)
+for a while: the supervisor's loop never waits on a database that does not answer for long.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import psycopg
+from psycopg import pq
+
+from cyclone.db import prepare_threshold, with_options
+from cyclone.engine.dispatch import (
+    DISPATCH_PARAMS,
+    DISPATCH_SQL,
+    Dispatched,
+    Finished,
+    dispatch_params,
+    floor_params,
+)
+from cyclone.engine.steps import _LeaseFloor
+from cyclone.supervisor import channel
+from cyclone.supervisor.store import connect_briefly
+
+log = logging.getLogger(__name__)
+_DEBUG = bool(os.environ.get("CYCLONE_DEBUG_DISPATCH"))
+
+# Sessions whose statements may run at once: one alone would keep every batch on one server
+# process, and so on one core, however many the server has.
+SESSIONS = 2
+# A statement gets as long as the supervisor's other calls into the database.
+STATEMENT_TIMEOUT_MS = 2000
+# The statement is planned once per session: planning it (a dozen CTEs) costs more than
+# running it, and the plan cache would otherwise plan it anew at every call (its generic plan
+# looks dearer to the cache than the custom ones, not in fact: see tests/test_plans.py).
+PLAN_OPTIONS = "-c plan_cache_mode=force_generic_plan"
+_PREPARED = b"cyclone_dispatch"
+# After a session failed, how long workers lease on their own before asking again (they are
+# told so in the `given` line; see Worker.ask).
+OWN_FOR = 5.0
+# A worker waits for its answer; one that does not read it within this long is frozen, and
+# the arbiter deals with it as with any silent worker holding a lease.
+SEND_TIMEOUT = 1.0
+_OWN = b'given {"own":true}\n'
+_SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
+
+
+class Handles(Protocol):
+    """What the dispatcher needs of the arbiter."""
+
+    children: dict[int, Any]
+
+    def may_lease(self, handle: Any, finishing: int | None = None) -> bool: ...
+
+    def on_message(self, handle: Any, message: channel.Message) -> None: ...
+
+
+Batch = list[tuple[Any, channel.Want]]
+
+
+class Session:
+    """A database session of the dispatcher, with at most one statement in flight."""
+
+    def __init__(self, dsn: str) -> None:
+        self.conn = connect_briefly(
+            with_options(dsn, PLAN_OPTIONS), STATEMENT_TIMEOUT_MS, "cyclone-dispatch"
+        )
+        self.pg = self.conn.pgconn
+        # Behind a pooler in transaction mode a named statement may be gone, or another's.
+        self.prepared = prepare_threshold() is not None
+        if self.prepared:
+            result = self.pg.prepare(_PREPARED, DISPATCH_SQL.encode())
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise psycopg.OperationalError(_message(result))
+        self.pg.nonblocking = 1
+        self.floor = _LeaseFloor()
+        self.batch: Batch | None = None
+        self.leasing: list[Any] = []
+        self.sent = 0.0
+
+    def fileno(self) -> int:
+        return self.pg.socket
+
+    def send(self, params: dict[str, str | None]) -> None:
+        values = [None if v is None else v.encode() for v in (params[n] for n in DISPATCH_PARAMS)]
+        if self.prepared:
+            self.pg.send_query_prepared(_PREPARED, values)
+        else:
+            self.pg.send_query_params(DISPATCH_SQL.encode(), values)
+        while self.pg.flush():  # what the socket did not take at once: a few kB at most
+            select.select([], [self.fileno()], [], STATEMENT_TIMEOUT_MS / 1000)
+
+    def result(self) -> str | None:
+        """The statement's JSON once it arrived (None: not yet); raises when it failed."""
+        self.pg.consume_input()
+        if self.pg.is_busy():
+            return None
+        text, error = None, None
+        while (result := self.pg.get_result()) is not None:
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                text = (result.get_value(0, 0) or b"").decode()
+            elif result.status == pq.ExecStatus.FATAL_ERROR:
+                error = psycopg.DatabaseError(_message(result))
+        if error is not None:
+            raise error
+        if text is None:
+            raise psycopg.DatabaseError("the dispatch statement returned nothing")
+        return text
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _message(result: pq.abc.PGresult) -> str:
+    return (result.error_message or b"").decode(errors="replace").strip()
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        workflows: Callable[[], Sequence[str]],
+        lease_ttl: float,
+        watch: Callable[[int], None] | None = None,
+        unwatch: Callable[[int], None] | None = None,
+        sessions: int = SESSIONS,
+    ) -> None:
+        self.dsn = dsn
+        self.workflows = workflows
+        self.lease_ttl = lease_ttl
+        self.watch = watch or (lambda fd: None)
+        self.unwatch = unwatch or (lambda fd: None)
+        self.size = sessions
+        self.sessions: list[Session] = []
+        self.pending: Batch = []
+        # Whether the step a worker finished was recorded, for a worker whose answer waits
+        # for a second statement (see `answer`), by pid.
+        self.carried: dict[int, bool] = {}
+        self.own_until = 0.0
+        self.host = socket.gethostname()
+        self.statements = 0  # batches run, for the tests and benches
+
+    def want(self, handle: Any, message: channel.Want) -> None:
+        self.pending.append((handle, message))
+
+    def close(self) -> None:
+        for session in self.sessions:
+            self.unwatch(session.fileno())
+            session.close()
+        self.sessions = []
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def flush(self, arbiter: Handles) -> None:
+        """Send the `want`s collected so far on a free session (or answer them at once)."""
+        # A worker reaped since its line was read is gone, and its descriptor closed (and
+        # perhaps reused by a newer worker's): nothing is sent to it.
+        self.pending = [(h, w) for h, w in self.pending if arbiter.children.get(h.pid) is h]
+        if not self.pending:
+            return
+        if time.monotonic() < self.own_until:
+            batch, self.pending = self.pending, []
+            for handle, _ in batch:
+                send_line(handle.fd, _OWN)
+            return
+        session = self.free_session()
+        if session is None:
+            return  # they go with the next statement, once one of those in flight is back
+        batch, self.pending = self.pending, []
+        finished = [Finished(**w.finished) for _, w in batch if w.finished]
+        leasing = [
+            h for h, w in batch
+            if w.lease and arbiter.may_lease(h, w.finished["step_id"] if w.finished else None)
+        ]  # fmt: skip
+        params = dispatch_params(
+            finished, [f"{self.host}:{h.pid}" for h in leasing],
+            workflows=tuple(self.workflows()), lease_ttl=self.lease_ttl,
+        )  # fmt: skip
+        params.update(floor_params(session.floor))
+        session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()
+        try:
+            session.send(params)
+        except psycopg.Error as exc:
+            self.failed(session, exc, arbiter)
+
+    def free_session(self) -> Session | None:
+        for session in self.sessions:
+            if session.batch is None:
+                return session
+        if len(self.sessions) >= self.size:
+            return None
+        try:
+            session = Session(self.dsn)
+        except psycopg.Error as exc:
+            self.own(exc, self.pending)
+            self.pending = []
+            return None
+        self.sessions.append(session)
+        self.watch(session.fileno())
+        return session
+
+    # --- receiving ----------------------------------------------------------------------------
+
+    def owns(self, fd: int) -> bool:
+        return any(s.fileno() == fd for s in self.sessions)
+
+    def on_readable(self, fd: int, arbiter: Handles) -> None:
+        session = next((s for s in self.sessions if s.fileno() == fd), None)
+        if session is None:
+            return
+        try:
+            text = session.result()
+        except psycopg.Error as exc:
+            self.failed(session, exc, arbiter)
+            return
+        if text is None or session.batch is None:
+            return
+        batch, leasing, sent = session.batch, session.leasing, session.sent
+        session.batch, session.leasing = None, []
+        self.statements += 1
+        self.answer(Dispatched.parse(text), batch, leasing, sent, session, arbiter)
+        self.flush(arbiter)
+
+    def answer(
+        self, result: Dispatched, batch: Batch, leasing: list[Any], sent: float,
+        session: Session, arbiter: Handles,
+    ) -> None:  # fmt: skip
+        if _DEBUG:
+            print("batch", len(batch), len(leasing), len(result.completed), len(result.leases),
+                  round((time.monotonic() - sent) * 1000, 2), flush=True)
+        slot = {id(h): i for i, h in enumerate(leasing)}
+        # Nothing from the session's place in the index (or only steps of the runs just
+        # finished, which the statement skips): the workers left without a step ask again at
+        # once, in the next statement, which looks from the start.
+        again = session.floor.taken(result.last()) or len(result.leases) < len(leasing)
+        for handle, want in batch:
+            recorded = self.carried.pop(handle.pid, None)
+            if want.finished is not None:
+                step_id = want.finished["step_id"]
+                recorded = step_id in result.completed
+                outcome = "completed" if recorded else "lost"
+                arbiter.on_message(handle, channel.Done(step_id, outcome, want.duration or 0.0))
+            row = result.leases.get(slot.get(id(handle), -1))
+            if row is not None:
+                arbiter.on_message(handle, leased(row, sent))
+            elif again and id(handle) in slot and want.finished is not None:
+                # Recorded; its worker still waits for a step: asked for in the next statement.
+                self.pending.append((handle, channel.Want(lease=True)))
+                if recorded is not None:
+                    self.carried[handle.pid] = recorded
+                continue
+            send_line(handle.fd, given_line(recorded, row, sent))
+
+    def failed(self, session: Session, exc: Exception, arbiter: Handles) -> None:
+        batch, session.batch = session.batch or [], None
+        self.sessions.remove(session)
+        self.unwatch(session.fileno())
+        session.close()
+        if isinstance(exc, psycopg.OperationalError):
+            self.own(exc, batch)
+        else:
+            # This batch alone (a deadlock, say): its workers record their steps themselves.
+            log.warning("a dispatch statement failed; its workers record on their own: %s", exc)
+            for handle, _ in batch:
+                if arbiter.children.get(handle.pid) is handle:
+                    send_line(handle.fd, _SELF)
+
+    def own(self, exc: Exception, batch: Batch) -> None:
+        log.warning("cannot lease for the workers (they lease on their own for %.0fs): %s",
+                    OWN_FOR, exc)  # fmt: skip
+        self.own_until = time.monotonic() + OWN_FOR
+        for handle, _ in batch:
+            send_line(handle.fd, _OWN)
+
+
+def leased(row: dict[str, Any], sent: float) -> channel.Leased:
+    """The `leased` report the worker would have sent for a lease taken here."""
+    return channel.Leased(
+        step_id=row["id"], token=row["lease_token"], run_id=row["run_id"],
+        workflow=row["workflow"], node=row["node"], attempt=row["attempt"],
+        kill_after=row["kill_after"], deadline_left=row["deadline_left"], since=sent,
+    )  # fmt: skip
+
+
+def given_line(recorded: bool | None, row: dict[str, Any] | None, sent: float) -> bytes:
+    """The answer to a `want`: a lease row goes on whole, input and item included."""
+    body: dict[str, Any] = {"recorded": recorded, "since": sent}
+    if row is not None:
+        body["lease"] = row
+    return f"given {json.dumps(body, separators=(',', ':'))}\n".encode()
+
+
+def send_line(fd: int, data: bytes, timeout: float = SEND_TIMEOUT) -> bool:
+    """Write all of `data` to a worker's non-blocking socket; False if it is gone or frozen."""
+    deadline = time.monotonic() + timeout
+    while data:
+        try:
+            written = os.write(fd, data)
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            select.select([], [fd], [], left)
+            continue
+        except OSError:
+            return False  # gone: the arbiter reaps it and records the lease it held
+        data = data[written:]
+    return True
