@@ -144,6 +144,7 @@ class Dispatcher:
         watch: Callable[[int], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
         sessions: int = SESSIONS,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.workflows = workflows
@@ -151,6 +152,7 @@ class Dispatcher:
         self.watch = watch or (lambda fd: None)
         self.unwatch = unwatch or (lambda fd: None)
         self.size = sessions
+        self.observe = observe or (lambda leased: None)
         self.sessions: list[Session] = []
         self.pending: Batch = []
         # Whether the step a worker finished was recorded, for a worker whose answer waits
@@ -158,7 +160,7 @@ class Dispatcher:
         self.carried: dict[int, bool] = {}
         self.own_until = 0.0
         self.host = socket.gethostname()
-        self.statements = 0  # batches run, for the tests and benches
+        self.statements = 0  # statements answered
 
     def want(self, handle: Any, message: channel.Want) -> None:
         self.pending.append((handle, message))
@@ -238,7 +240,9 @@ class Dispatcher:
         batch, leasing, sent = session.batch, session.leasing, session.sent
         session.batch, session.leasing = None, []
         self.statements += 1
-        self.answer(Dispatched.parse(text), batch, leasing, sent, session, arbiter)
+        result = Dispatched.parse(text)
+        self.observe(len(result.leases))
+        self.answer(result, batch, leasing, sent, session, arbiter)
         self.flush(arbiter)
 
     def answer(

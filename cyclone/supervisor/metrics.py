@@ -70,6 +70,11 @@ class Metrics:
             "cyclone_scanner_last_scan_timestamp_seconds",
             "When the scanner last finished a pass (Unix time)", registry=r,
         )  # fmt: skip
+        self.batches = Histogram(
+            "cyclone_dispatch_batch_steps",
+            "Steps a dispatch statement leased (supervisor/dispatch.py)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64), registry=r,
+        )  # fmt: skip
         for reason in KillReason:
             self.kills.labels(str(reason))
         r.register(_LiveCollector(self))
@@ -95,6 +100,9 @@ class Metrics:
         if child is None:
             child = self._labelled[key] = metric.labels(*labels)
         return child
+
+    def dispatched(self, leased: int) -> None:
+        self.batches.observe(leased)
 
     def killed(self, reason: KillReason) -> None:
         self.kills.labels(str(reason)).inc()

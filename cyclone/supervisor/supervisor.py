@@ -131,7 +131,7 @@ class Supervisor:
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
-            unwatch=self.unwatch,
+            unwatch=self.unwatch, observe=self.metrics.dispatched,
         )  # fmt: skip
 
     # --- the selector, as the arbiter's Watcher ----------------------------------------------
