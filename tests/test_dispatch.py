@@ -124,7 +124,9 @@ def test_workers_beyond_the_steps_due_get_nothing_and_nothing_is_leased_twice(de
     assert dispatch(denv.conn, [], ["w:4"], workflows=NAMES).leases == {}
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     shapes=st.lists(st.sampled_from(["pair", "single"]), min_size=1, max_size=12),
     seed=st.integers(0, 2**16),
