@@ -428,7 +428,7 @@ def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any
 
 def _check_together(origin: str, settings: Settings) -> None:
     # A worker whose lease was not renewed is killed heartbeat_interval before the lease can
-    # lapse (cyclone.supervisor.children.lease_trust), so the lease is acted on for
+    # lapse (cyclone.child.lease.lease_trust), so the lease is acted on for
     # lease_ttl - heartbeat_interval. One missed heartbeat must not cost a healthy step that:
     # two heartbeat intervals must fit in it.
     beat, ttl = settings.worker.heartbeat_interval, settings.worker.lease_ttl
