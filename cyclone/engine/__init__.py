@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.runs import submit_runs
 from cyclone.engine.steps import (
     FINISHED,
     Lease,
@@ -21,7 +22,6 @@ from cyclone.engine.steps import (
     release_step,
     revoked_leases,
     start_child,
-    submit_runs,
 )
 from cyclone.engine.sweeps import (
     SWEEPS,
