@@ -24,8 +24,8 @@ from pathlib import Path
 from engine import SHAPES, engine_fill, revision
 from runtime import Supervisor
 
+from cyclone.child.session import connect_briefly
 from cyclone.supervisor.gauges import CACHE_TTL, DatabaseGauges
-from cyclone.supervisor.store import connect_briefly
 from cyclone.testing import TestEnv, server_dsn
 
 # Bulk state changes for the fill only: the product never writes like this.

@@ -30,7 +30,7 @@ from cyclone.db import (
     resolve_dsn,
 )
 from cyclone.engine.graphs import check_workflow_name, graph_of, registration
-from cyclone.engine.steps import submit_params
+from cyclone.engine.runs import submit_params
 from cyclone.errors import RunCancelled, RunFailed, RunNotFound, StepNotFound
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.sql import QUERIES

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
 import os
 import re
 import sys
@@ -17,109 +16,15 @@ import textwrap
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
+from cyclone.durations import DURATION_HELP, format_duration, parse_duration
 from cyclone.errors import ConfigError
+from cyclone.redact import URL_SCHEME, redact_dsn, show_value
 
 MAX_CONFIG_BYTES = 1 << 20  # tomllib's docs warn that hostile TOML can eat CPU and memory
 ENV_DATABASE_URL = "CYCLONE_DATABASE_URL"
 EXAMPLE_DATABASE_URL = "postgresql://cyclone:PASSWORD@db.internal:5432/cyclone"
-
-# --- durations ------------------------------------------------------------------------------
-
-_UNITS = {"ms": Decimal("0.001"), "s": Decimal(1), "m": Decimal(60), "h": Decimal(3600)}
-_UNITS["d"] = Decimal(86400)
-# ASCII digits only: \d would also take "٣", which no operator means.
-_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h|d))+")
-_PLAIN_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-# Beyond this, timedelta arithmetic downstream overflows; no Cyclone timer needs a century.
-MAX_DURATION = 36500 * 86400.0
-_DURATION_HELP = 'a number of seconds or a string like "500ms", "30s", "5m", "2h", "7d", "1h30m"'
-
-
-def parse_duration(value: object) -> float:
-    """Return `value` in seconds: "500ms", "30s", "5m", "2h", "7d", "1h30m", or a number >= 0."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, bool) or not isinstance(value, int | float | str):
-        # TOML `true` is a Python int; a boolean where a duration belongs is always a mistake.
-        raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
-    elif isinstance(value, str):
-        text = value.strip()
-        if len(text) > 400:  # bounds the Decimal arithmetic below (it traps on huge exponents)
-            raise ValueError(f"invalid duration {_show(value)}: too long")
-        if text[:1] == "-" and (_PLAIN_NUMBER.fullmatch(text[1:]) or _DURATION.fullmatch(text[1:])):
-            raise ValueError(f"invalid duration {_show(value)}: must not be negative")
-        if _PLAIN_NUMBER.fullmatch(text):
-            seconds = float(Decimal(text))
-        elif _DURATION.fullmatch(text):
-            # Decimal sums exactly, so "1h30m500ms" rounds once, like the number it names.
-            total = sum(Decimal(n) * _UNITS[u] for n, u in _PART.findall(text))
-            seconds = float(total)
-        else:
-            raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
-    elif value != value:  # NaN
-        raise ValueError(f"invalid duration {_show(value)}: expected {_DURATION_HELP}")
-    else:
-        # Compare before float(): a huge TOML integer would overflow the conversion.
-        seconds = float(value) if value <= MAX_DURATION else math.inf
-    if seconds < 0:
-        raise ValueError(f"invalid duration {_show(value)}: must not be negative")
-    if seconds > MAX_DURATION:
-        raise ValueError(f"invalid duration {_show(value)}: longer than 36500d")
-    return seconds
-
-
-def format_duration(seconds: float) -> str:
-    """The shortest string `parse_duration` reads back as exactly `seconds` ("1h30m", "500ms")."""
-    millis = round(seconds * 1000)
-    if float(Decimal(millis) / 1000) != seconds:
-        return format(Decimal(repr(float(seconds))), "f") + "s"
-    parts = []
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        count, millis = divmod(millis, size)
-        if count:
-            parts.append(f"{count}{unit}")
-    if millis or not parts:
-        parts.append(f"{millis}ms" if millis else "0s")
-    return "".join(parts)
-
-
-# --- secrets --------------------------------------------------------------------------------
-
-_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*://", re.IGNORECASE)
-# Greedy up to the last "@": a raw "@" or "/" in a password must not end the match early.
-_URL_PASSWORD = re.compile("(" + _SCHEME.pattern + r"[^:/?#@]*:).*@", re.IGNORECASE | re.DOTALL)
-# A libpq keyword value: quoted (with \-escapes, maybe unterminated) or up to whitespace, which
-# for libpq is ASCII only: a no-break space is part of the password, so re.ASCII.
-_KV_PASSWORD = re.compile(
-    r"(password\s*=\s*)(?:'(?:[^'\\]|\\.?)*(?:'|$)|\S+)", re.IGNORECASE | re.ASCII | re.DOTALL
-)
-
-
-def redact_dsn(url: str) -> str:
-    """`url` with any password replaced by `***`, in URL and key=value form alike."""
-    url = _URL_PASSWORD.sub(r"\1***@", url)
-    return _KV_PASSWORD.sub(r"\1***", url)
-
-
-def _show(value: object) -> str:
-    """A value as it would look in TOML, redacted, on one line, and short."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = json.dumps(redact_dsn(value), ensure_ascii=False)
-    elif isinstance(value, list | tuple):
-        text = "[" + ", ".join(_show(v) for v in value) + "]"
-    elif isinstance(value, dict):
-        text = "a table"
-    else:
-        text = redact_dsn(str(value))
-    return text if len(text) <= 80 else text[:77] + "..."
-
 
 # --- the registry ---------------------------------------------------------------------------
 
@@ -157,7 +62,7 @@ def _coerce_modules(value: Any) -> tuple[str, ...]:
 
 
 def _is_dsn(url: str) -> bool:
-    if _SCHEME.match(url):  # any other scheme (mysql://, postgresql+psycopg://) is a mistake
+    if URL_SCHEME.match(url):  # any other scheme (mysql://, postgresql+psycopg://) is a mistake
         return url.startswith(("postgresql://", "postgres://"))
     return "=" in url
 
@@ -176,10 +81,10 @@ STR = ValueType("a string", _exact(str), lambda v: json.dumps(v))
 BOOL = ValueType("true or false", _exact(bool), lambda v: "true" if v else "false")
 INT = ValueType("an integer", _exact(int), str)
 DURATION = ValueType(
-    f"a duration ({_DURATION_HELP})", parse_duration, lambda v: json.dumps(format_duration(v))
+    f"a duration ({DURATION_HELP})", parse_duration, lambda v: json.dumps(format_duration(v))
 )
 MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
-POSITIVE = Check(f"a duration > 0 ({_DURATION_HELP})", lambda v: v > 0)
+POSITIVE = Check(f"a duration > 0 ({DURATION_HELP})", lambda v: v > 0)
 DSN = Check('a "postgresql://" URL or a "key=value" connection string', _is_dsn)
 MODULE_NAMES = Check(
     'a list of importable dotted module names, like ["myapp.workflows"]',
@@ -401,7 +306,7 @@ def _check_value(origin: str, setting: Setting, raw: Any) -> Any:
     except (ValueError, TypeError):
         valid = False
     if not valid:
-        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {_show(raw)}")
+        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {show_value(raw)}")
     return value
 
 
@@ -417,7 +322,7 @@ def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any
             what = "section" if is_table else "top-level key"
             raise _fail(origin, f'unknown {what} "{section}"{hint}')
         if not isinstance(table, dict):
-            raise _fail(origin, f"{section}: expected a table [{section}], got {_show(table)}")
+            raise _fail(origin, f"{section}: expected a table [{section}], got {show_value(table)}")
         for key, raw in table.items():
             setting = known.get(key)
             if setting is None:
@@ -432,7 +337,7 @@ def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any
 
 def _check_together(origin: str, settings: Settings) -> None:
     # A worker whose lease was not renewed is killed heartbeat_interval before the lease can
-    # lapse (cyclone.supervisor.children.lease_trust), so the lease is acted on for
+    # lapse (cyclone.child.lease.lease_trust), so the lease is acted on for
     # lease_ttl - heartbeat_interval. One missed heartbeat must not cost a healthy step that:
     # two heartbeat intervals must fit in it.
     beat, ttl = settings.worker.heartbeat_interval, settings.worker.lease_ttl
@@ -496,7 +401,7 @@ _EXAMPLE_HEADER = f"""\
 # Cyclone configuration for a VM. Every key is optional; the values shown are the defaults.
 # Generated by `python -m cyclone.config --example` from cyclone/config.py; regenerate it
 # rather than editing this copy by hand.
-# Durations: {_DURATION_HELP}.
+# Durations: {DURATION_HELP}.
 """
 
 

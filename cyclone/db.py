@@ -81,8 +81,8 @@ def check_dsn(dsn: str, *, syntax: bool = True) -> None:
     """Raise ConfigError, in one line without the password, if libpq would refuse `dsn`
     before trying to connect: another database's URL, bad syntax (unless `syntax` is false),
     a value out of range."""
-    from cyclone.config import redact_dsn
     from cyclone.errors import ConfigError
+    from cyclone.redact import redact_dsn
 
     scheme = _URL_SCHEME.match(dsn)
     if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):

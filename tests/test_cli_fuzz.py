@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from test_cli_support import approve, deadline_killed, failed_run, fingerprint, fragile, run_cli
 
-from cyclone.config import parse_duration
+from cyclone.durations import parse_duration
 from cyclone.states import ErrorKind
 from cyclone.testing import TestEnv
 

@@ -18,20 +18,18 @@ from hypothesis import strategies as st
 
 from cyclone.config import (
     MAX_CONFIG_BYTES,
-    MAX_DURATION,
     SECTION_CLASSES,
     SECTION_DOCS,
     SETTINGS,
     DatabaseConfig,
     Settings,
-    format_duration,
     load_config,
-    parse_duration,
-    redact_dsn,
     render_example,
     settings_as_dict,
 )
+from cyclone.durations import MAX_DURATION, format_duration, parse_duration
 from cyclone.errors import ConfigError, CycloneError
+from cyclone.redact import redact_dsn
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_FILES = sorted((ROOT / "config").glob("*.toml"))

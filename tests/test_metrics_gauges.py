@@ -7,10 +7,10 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 import cyclone
-from cyclone.supervisor.channel import Scanned
+from cyclone.child.channel import Scanned
+from cyclone.child.session import connect_briefly
 from cyclone.supervisor.gauges import DatabaseGauges
 from cyclone.supervisor.metrics import Metrics
-from cyclone.supervisor.store import connect_briefly
 from cyclone.testing import TestEnv
 
 wf = cyclone.Workflow("gauge-flow")

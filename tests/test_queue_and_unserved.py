@@ -7,11 +7,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
 import cyclone
+from cyclone.child.session import connect_briefly
 from cyclone.status import take_snapshot
 from cyclone.status.render import render
 from cyclone.supervisor.gauges import DatabaseGauges
 from cyclone.supervisor.served import unserved_runs
-from cyclone.supervisor.store import connect_briefly
 from cyclone.testing import TestEnv
 
 served = cyclone.Workflow("queue-served")

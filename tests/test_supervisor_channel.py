@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cyclone.supervisor import channel
+from cyclone.child import channel
+from cyclone.child.proctitle import scanner_title, supervisor_title, worker_title
 from cyclone.supervisor.children import ExitStatus
-from cyclone.supervisor.proctitle import scanner_title, supervisor_title, worker_title
 
 LEASED = channel.Leased(
     step_id=7, token="0b6f2c5e-1111-2222-3333-444455556666", run_id="9c1d",

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from cyclone.child import channel
 from cyclone.engine import FINISHED
 from cyclone.states import ErrorKind
-from cyclone.supervisor import channel
 from cyclone.supervisor.arbiter import (
     BOOT_BACKOFF,
     EXIT_HALTED,
@@ -20,13 +20,8 @@ from cyclone.supervisor.arbiter import (
     Arbiter,
     ArbiterConfig,
 )
-from cyclone.supervisor.children import (
-    DEADLINE_MARGIN,
-    ChildMain,
-    ExitStatus,
-    KillReason,
-    Role,
-)
+from cyclone.supervisor.children import DEADLINE_MARGIN, ExitStatus, KillReason, Role
+from cyclone.supervisor.processes import ChildMain
 
 KILLED = ExitStatus(signal=signal.SIGKILL)
 CLEAN = ExitStatus(code=0)

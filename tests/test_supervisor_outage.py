@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from test_supervisor_decisions import FakeClock, Harness
 
+from cyclone.child import channel
 from cyclone.outage import REMIND_EVERY, OutageLog
-from cyclone.supervisor import channel
 from cyclone.supervisor.arbiter import BOOT_BACKOFF_CAP, MAX_BOOT_FAILURES
 from cyclone.supervisor.children import ExitStatus, Role
 

@@ -6,18 +6,11 @@ import time
 import uuid
 from datetime import timedelta
 
+from cyclone.child.session import connect_briefly
 from cyclone.scanner.presence import StalePresenceSweep
+from cyclone.states import PUBLISH_INTERVAL, STALE_AFTER
 from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
-from cyclone.supervisor.presence import (
-    KILL_MARGIN,
-    MAX_SILENCE,
-    PUBLISH_INTERVAL,
-    PUBLISH_MARGIN,
-    STALE_AFTER,
-    Presence,
-    snapshot,
-)
-from cyclone.supervisor.store import connect_briefly
+from cyclone.supervisor.presence import KILL_MARGIN, MAX_SILENCE, PUBLISH_MARGIN, Presence, snapshot
 from cyclone.testing import TestEnv
 
 RUN = str(uuid.uuid4())

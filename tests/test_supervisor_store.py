@@ -5,7 +5,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from cyclone.supervisor.store import DatabaseStore, connect_briefly
+from cyclone.child.session import connect_briefly
+from cyclone.supervisor.store import DatabaseStore
 from cyclone.testing import TestEnv
 
 TOKEN = "00000000-0000-4000-8000-000000000001"

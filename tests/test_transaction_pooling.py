@@ -11,9 +11,9 @@ import pytest
 from psycopg.pq import TransactionStatus
 
 from cyclone import db
+from cyclone.child.session import check_statement_timeout
 from cyclone.client import Client
 from cyclone.migrate import migrate
-from cyclone.supervisor.store import check_statement_timeout
 from cyclone.testing import TestEnv
 
 

@@ -12,10 +12,11 @@ from datetime import timedelta
 import pytest
 
 import cyclone
+from cyclone.child import channel
+from cyclone.child.channel import ExitCode
 from cyclone.states import RunState, StepState
-from cyclone.supervisor import channel
-from cyclone.supervisor.channel import ExitCode
-from cyclone.supervisor.children import ExitStatus, OsProcessOps
+from cyclone.supervisor.children import ExitStatus
+from cyclone.supervisor.processes import OsProcessOps
 from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
 

@@ -26,7 +26,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
-from cyclone.config import ENV_DATABASE_URL, load_config, parse_duration, redact_dsn
+from cyclone.config import ENV_DATABASE_URL, load_config
 from cyclone.db import (
     MAX_PAYLOAD_BYTES,
     check_dsn,
@@ -36,7 +36,9 @@ from cyclone.db import (
     with_options,
 )
 from cyclone.display import Shown
+from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
+from cyclone.redact import redact_dsn
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3

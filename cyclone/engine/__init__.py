@@ -3,12 +3,21 @@
 Workers, the scanner, the supervisor, the client and the test harness all call these same
 functions; only the process orchestration around them differs. Each takes an optional `now`
 (None means the database clock) so tests can move time without sleeping.
+
+steps.py     a worker's side of a step: lease, heartbeat, complete, fail, release, fenced
+advance.py   how a run moves: a node completes, its downstream nodes get steps
+runs.py      a run's own operations: submit, lock, fail, cancel a tree of runs
+control.py   operations on whole runs from outside: cancel, pause, resume, signal
+dlq.py       re-driving a dead step and its failed run
+graphs.py    workflow graphs in the database
+sweeps.py    the scanner's sweeps as plain functions
 """
 
 from __future__ import annotations
 
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.runs import submit_runs
 from cyclone.engine.steps import (
     FINISHED,
     Lease,
@@ -21,7 +30,6 @@ from cyclone.engine.steps import (
     release_step,
     revoked_leases,
     start_child,
-    submit_runs,
 )
 from cyclone.engine.sweeps import (
     SWEEPS,

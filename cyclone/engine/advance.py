@@ -7,7 +7,7 @@ worker, which has the code, leases and evaluates.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -131,6 +131,10 @@ def child_finished(
     failure: str | None = None,
 ) -> None:
     """A child run ended: its parent's child node completes with its output, or dies."""
+    # runs.py imports this module (a failed run ends its parent's child node, here); a child
+    # run's end is rare enough to pay for the import at the call.
+    from cyclone.engine.runs import fail_run, lock_run
+
     parent = lock_run(conn, parent_id)
     if parent is None or parent["state"] not in ("running", "paused"):
         return
@@ -149,68 +153,3 @@ def child_finished(
     ).fetchone()
     if row is not None:
         fail_run(conn, parent_id, now)
-
-
-def lock_run(conn: Conn, run_id: str) -> dict[str, Any] | None:
-    return conn.execute(QUERIES["run_lock"], {"run_id": run_id}).fetchone()
-
-
-def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
-    """A step of this run is dead: the run fails, its other work stops, its parent learns."""
-    row = conn.execute(QUERIES["run_fail"], {"run_id": run_id, "now": now}).fetchone()
-    if row is None:
-        return
-    settle_late(conn, [run_id], "discarded", None, "run failed", now)
-    if row["child_run_ids"]:
-        cancel_runs(conn, row["child_run_ids"], now, notify=False)
-    notify_revoked(conn)
-    if row["parent_run_id"] is not None:
-        failure = describe_failure(conn, run_id)
-        child_finished(
-            conn,
-            row["parent_run_id"],
-            row["parent_step_id"],
-            run_id,
-            now,
-            failure=f"failed: {failure}",
-        )
-
-
-def describe_failure(conn: Conn, run_id: str) -> str:
-    row = conn.execute(QUERIES["run_get"], {"run_id": run_id}).fetchone()
-    failure = (row or {}).get("failure") or {}
-    return f"{failure.get('error_kind', 'error')}: {failure.get('error', '')}".rstrip(": ")
-
-
-def cancel_runs(
-    conn: Conn, run_ids: Iterable[str], now: datetime | None, *, notify: bool = True
-) -> list[dict[str, Any]]:
-    """Cancel these runs and their descendants; returns the runs that changed."""
-    rows = conn.execute(
-        QUERIES["run_cancel_tree"], {"run_ids": list(run_ids), "now": now}
-    ).fetchall()
-    if rows:
-        ended = [str(r["id"]) for r in rows]
-        settle_late(conn, ended, "discarded", ErrorKind.CANCELLED, "run cancelled", now)
-    if rows and notify:
-        notify_revoked(conn)
-    return rows
-
-
-def settle_late(
-    conn: Conn,
-    run_ids: list[str],
-    state: str,
-    kind: str | None,
-    error: str,
-    now: datetime | None,
-) -> None:
-    """Give steps inserted by a concurrent chain completion their ended run's fate."""
-    conn.execute(
-        QUERIES["steps_settle_late"],
-        {"run_ids": run_ids, "state": state, "kind": kind, "error": error, "now": now},
-    )
-
-
-def notify_revoked(conn: Conn) -> None:
-    conn.execute(QUERIES["revoked_notify"])

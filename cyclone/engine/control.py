@@ -8,7 +8,8 @@ from typing import Any
 import psycopg
 
 from cyclone.db import check_text, encode_json, retrying
-from cyclone.engine.advance import RunRef, cancel_runs, child_finished, lock_run, settle_waiting
+from cyclone.engine.advance import RunRef, child_finished, settle_waiting
+from cyclone.engine.runs import cancel_runs, lock_run
 from cyclone.errors import RunNotFound
 from cyclone.sql import QUERIES
 

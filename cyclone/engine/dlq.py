@@ -28,8 +28,9 @@ from typing import Any
 import psycopg
 
 from cyclone.db import is_step_id, retrying
-from cyclone.engine.advance import RunRef, consume_signal, lock_run, node_rows
+from cyclone.engine.advance import RunRef, consume_signal, node_rows
 from cyclone.engine.graphs import graph_by_hash
+from cyclone.engine.runs import lock_run
 from cyclone.errors import CycloneError, StepNotFound
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS, NodeKind

@@ -20,13 +20,13 @@ import psycopg
 from cyclone.db import encode_json, retrying, step_cursor, text_array
 from cyclone.engine.advance import (
     RunRef,
-    fail_run,
     make_steps,
     map_completed,
     node_completed,
     node_rows,
 )
 from cyclone.engine.graphs import current_graph, graph_by_hash
+from cyclone.engine.runs import fail_run, submit_runs
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
 from cyclone.workflow import Graph, NodeSpec
@@ -480,51 +480,6 @@ def start_child(
     return retrying(tx)
 
 
-def submit_runs(
-    conn: Conn,
-    workflow: str,
-    graph_hash: str,
-    ids: list[str],
-    inputs: list[str],
-    roots: Sequence[Any],
-    **options: Any,
-) -> list[str]:
-    """Insert runs and their root steps (one statement); returns the ids actually inserted.
-
-    `options` are submit_params's: deadline, key, parent, now.
-    """
-    params = submit_params(workflow, graph_hash, ids, inputs, roots, **options)
-    rows = conn.execute(QUERIES["run_submit"], params).fetchall()
-    return [str(r["id"]) for r in rows]
-
-
-def submit_params(
-    workflow: str,
-    graph_hash: str,
-    ids: list[str],
-    inputs: list[str],
-    roots: Sequence[Any],
-    *,
-    deadline: float | None = None,
-    key: str | None = None,
-    parent: tuple[str, int] | None = None,
-    now: datetime | None = None,
-) -> dict[str, Any]:
-    """The parameters of run_submit (the clients' submits run it too)."""
-    return {
-        "workflow": workflow,
-        "hash": graph_hash,
-        "ids": ids,
-        "inputs": inputs,
-        "key": key,
-        "parent_run_id": parent[0] if parent else None,
-        "parent_step_id": parent[1] if parent else None,
-        "deadline": deadline or 0.0,
-        "now": now,
-        **node_rows(roots),
-    }
-
-
 def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None = None) -> bool:
     """Give a leased step back, attempt not spent (its worker was stopped by a shutdown)."""
     row = conn.execute(QUERIES["step_release"], {"step_id": step_id, "token": token, "now": now})
@@ -564,5 +519,4 @@ __all__ = [
     "release_step",
     "revoked_leases",
     "start_child",
-    "submit_runs",
 ]

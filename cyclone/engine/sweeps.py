@@ -13,16 +13,9 @@ from typing import Any
 import psycopg
 
 from cyclone.db import retrying
-from cyclone.engine.advance import (
-    RunRef,
-    cancel_runs,
-    fail_run,
-    lock_run,
-    node_completed,
-    notify_revoked,
-    settle_late,
-)
+from cyclone.engine.advance import RunRef, node_completed
 from cyclone.engine.graphs import graph_by_hash
+from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
 from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from cyclone.scanner.base import Conn, Sweep
 from cyclone.sql import QUERIES
-from cyclone.supervisor.presence import STALE_AFTER
+from cyclone.states import STALE_AFTER
 
 
 class StalePresenceSweep(Sweep):

@@ -11,6 +11,17 @@ from typing import Any
 
 import psycopg
 
+from cyclone.child import channel
+from cyclone.child.channel import Channel, ExitCode
+from cyclone.child.process import (
+    CONNECT_TIMEOUT,
+    ChildExit,
+    Wakeup,
+    check_parent,
+    init_process,
+)
+from cyclone.child.proctitle import scanner_title, set_title
+from cyclone.child.session import connect_briefly
 from cyclone.outage import OutageLog
 from cyclone.scanner.base import Sweep
 from cyclone.scanner.deadlines import DeadlineSweep
@@ -19,17 +30,6 @@ from cyclone.scanner.presence import StalePresenceSweep
 from cyclone.scanner.retention import RetentionSweep
 from cyclone.scanner.sleeps import SleepSweep
 from cyclone.scanner.waits import MaxWaitSweep
-from cyclone.supervisor import channel
-from cyclone.supervisor.channel import Channel, ExitCode
-from cyclone.supervisor.proctitle import scanner_title, set_title
-from cyclone.supervisor.store import connect_briefly
-from cyclone.worker.process import (
-    CONNECT_TIMEOUT,
-    ChildExit,
-    Wakeup,
-    check_parent,
-    init_process,
-)
 
 log = logging.getLogger(__name__)
 

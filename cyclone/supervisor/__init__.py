@@ -3,12 +3,14 @@
 __main__.py    `cyclone-supervisor --config FILE`: validate, connect, migrate, register
 supervisor.py  the loop: one thread, one selector, signal handlers that only record
 arbiter.py     the decisions: spawn, kill (SIGTERM, then SIGKILL of the group), record, drain
-children.py    WorkerHandle, and ProcessOps: fork, signal, killpg, waitpid
-channel.py     the worker-to-supervisor pipe protocol and the children's exit codes
+children.py    the records: WorkerHandle, HeldLease, KillOrder, ExitStatus
+processes.py   ProcessOps: fork, signal, killpg, waitpid (OsProcessOps, the real one)
 store.py       the kept connection for its few writes; the LISTEN connection for revocations
-proctitle.py   process titles
 outcomes.py    one log line per step outcome
 metrics.py     the Prometheus registry, fed by the children's pipes, served from the loop
 gauges.py      the gauges read from the database at scrape time (DLQ depth, active runs)
 presence.py    the supervisor's and its workers' rows, for `cyclone status` on any host
+
+The pipe protocol, process titles and a child's set-up live in cyclone.child, which the
+workers and the scanner import too.
 """

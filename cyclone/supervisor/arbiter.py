@@ -20,22 +20,19 @@ import logging
 import signal
 from collections.abc import Callable
 
+from cyclone.child import channel
+from cyclone.child.lease import lease_trust
 from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
 from cyclone.states import DEADLINE_ERROR, ErrorKind
-from cyclone.supervisor import channel
 from cyclone.supervisor.children import (
-    RETIRE_SIGNAL,
-    STOP_SIGNAL,
     ExitStatus,
     HeldLease,
     KillOrder,
     KillReason,
-    ProcessOps,
     Role,
     WorkerHandle,
     held_lease,
-    lease_trust,
     renewal_time,
 )
 from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
@@ -49,6 +46,7 @@ from cyclone.supervisor.ports import (
     Store,
     Watcher,
 )
+from cyclone.supervisor.processes import RETIRE_SIGNAL, STOP_SIGNAL, ProcessOps
 
 log = logging.getLogger(__name__)
 

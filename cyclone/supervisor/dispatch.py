@@ -28,6 +28,8 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import pq
 
+from cyclone.child import channel
+from cyclone.child.session import connect_briefly
 from cyclone.db import prepare_threshold, with_options
 from cyclone.engine.dispatch import (
     DISPATCH_PARAMS,
@@ -38,8 +40,6 @@ from cyclone.engine.dispatch import (
     floor_params,
 )
 from cyclone.engine.steps import _LeaseFloor
-from cyclone.supervisor import channel
-from cyclone.supervisor.store import connect_briefly
 
 log = logging.getLogger(__name__)
 _DEBUG = bool(os.environ.get("CYCLONE_DEBUG_DISPATCH"))

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from cyclone.supervisor.channel import ExitCode, Scanned
+from cyclone.child.channel import ExitCode, Scanned
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
 from cyclone.supervisor.gauges import DatabaseGauges
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from cyclone.supervisor import channel
+from cyclone.child import channel
 from cyclone.supervisor.children import HeldLease, KillReason
 
 log = logging.getLogger("cyclone.supervisor.arbiter")

@@ -6,15 +6,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from cyclone.child.channel import Scanned
 from cyclone.states import ErrorKind
-from cyclone.supervisor.channel import Scanned
-from cyclone.supervisor.children import (
-    ChildMain,
-    ExitStatus,
-    HeldLease,
-    KillReason,
-    WorkerHandle,
-)
+from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, WorkerHandle
+from cyclone.supervisor.processes import ChildMain
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,19 +20,20 @@ from typing import Any
 
 import psycopg
 
+from cyclone.child.proctitle import set_title, supervisor_title
+from cyclone.child.session import connect_briefly
 from cyclone.config import Settings, load_config
 from cyclone.errors import ConfigError
 from cyclone.notify import Notifier
 from cyclone.outage import OutageLog
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
-from cyclone.supervisor.children import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
 from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
-from cyclone.supervisor.proctitle import set_title, supervisor_title
+from cyclone.supervisor.processes import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
 from cyclone.supervisor.served import RELOAD_APPLIES, RELOAD_KEEPS, describe_reload, warn_unserved
-from cyclone.supervisor.store import DatabaseStore, Listener, connect_briefly
+from cyclone.supervisor.store import DatabaseStore, Listener
 from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
 

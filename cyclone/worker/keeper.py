@@ -33,12 +33,12 @@ from typing import Any
 import psycopg
 
 from cyclone import engine
+from cyclone.child import channel
+from cyclone.child.channel import ExitCode, leave
+from cyclone.child.lease import lease_trust
+from cyclone.child.process import Wakeup, orphaned
 from cyclone.context import CancelEvent
 from cyclone.engine.steps import Lease
-from cyclone.supervisor import channel
-from cyclone.supervisor.channel import ExitCode, leave
-from cyclone.supervisor.children import lease_trust
-from cyclone.worker.process import Wakeup, orphaned
 
 log = logging.getLogger(__name__)
 

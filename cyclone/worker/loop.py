@@ -15,22 +15,22 @@ from typing import Any
 import psycopg
 
 from cyclone import engine, runner
-from cyclone.context import CancelEvent, Effects
-from cyclone.db import connect, with_options
-from cyclone.engine.dispatch import finished_json, lease_of
-from cyclone.engine.steps import Lease
-from cyclone.states import NodeKind
-from cyclone.supervisor import channel
-from cyclone.supervisor.channel import Channel, ExitCode
-from cyclone.supervisor.proctitle import set_title, worker_title
-from cyclone.worker.keeper import LeaseKeeper, may_go_on
-from cyclone.worker.process import (
+from cyclone.child import channel
+from cyclone.child.channel import Channel, ExitCode
+from cyclone.child.process import (
     CONNECT_TIMEOUT,
     ChildExit,
     Wakeup,
     check_parent,
     init_process,
 )
+from cyclone.child.proctitle import set_title, worker_title
+from cyclone.context import CancelEvent, Effects
+from cyclone.db import connect, with_options
+from cyclone.engine.dispatch import finished_json, lease_of
+from cyclone.engine.steps import Lease
+from cyclone.states import NodeKind
+from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
 
 log = logging.getLogger(__name__)

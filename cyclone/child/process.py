@@ -14,7 +14,7 @@ import select
 import signal
 import sys
 
-from cyclone.supervisor.channel import ExitCode
+from cyclone.child.channel import ExitCode
 
 PR_SET_PDEATHSIG = 1
 # How long a child waits to connect, so that a dead network turns into an error it can act on

@@ -1,0 +1,129 @@
+"""A run's own operations: submit runs, lock one, fail it, cancel a tree of them.
+
+Like advance.py, every function here runs inside the caller's transaction; `lock_run` is how a
+caller takes the run before changing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from cyclone.engine.advance import child_finished, node_rows
+from cyclone.sql import QUERIES
+from cyclone.states import ErrorKind
+
+Conn = psycopg.Connection[Any]
+
+
+def submit_runs(
+    conn: Conn,
+    workflow: str,
+    graph_hash: str,
+    ids: list[str],
+    inputs: list[str],
+    roots: Sequence[Any],
+    **options: Any,
+) -> list[str]:
+    """Insert runs and their root steps (one statement); returns the ids actually inserted.
+
+    `options` are submit_params's: deadline, key, parent, now.
+    """
+    params = submit_params(workflow, graph_hash, ids, inputs, roots, **options)
+    rows = conn.execute(QUERIES["run_submit"], params).fetchall()
+    return [str(r["id"]) for r in rows]
+
+
+def submit_params(
+    workflow: str,
+    graph_hash: str,
+    ids: list[str],
+    inputs: list[str],
+    roots: Sequence[Any],
+    *,
+    deadline: float | None = None,
+    key: str | None = None,
+    parent: tuple[str, int] | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The parameters of run_submit (the clients' submits run it too)."""
+    return {
+        "workflow": workflow,
+        "hash": graph_hash,
+        "ids": ids,
+        "inputs": inputs,
+        "key": key,
+        "parent_run_id": parent[0] if parent else None,
+        "parent_step_id": parent[1] if parent else None,
+        "deadline": deadline or 0.0,
+        "now": now,
+        **node_rows(roots),
+    }
+
+
+def lock_run(conn: Conn, run_id: str) -> dict[str, Any] | None:
+    return conn.execute(QUERIES["run_lock"], {"run_id": run_id}).fetchone()
+
+
+def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
+    """A step of this run is dead: the run fails, its other work stops, its parent learns."""
+    row = conn.execute(QUERIES["run_fail"], {"run_id": run_id, "now": now}).fetchone()
+    if row is None:
+        return
+    settle_late(conn, [run_id], "discarded", None, "run failed", now)
+    if row["child_run_ids"]:
+        cancel_runs(conn, row["child_run_ids"], now, notify=False)
+    notify_revoked(conn)
+    if row["parent_run_id"] is not None:
+        failure = describe_failure(conn, run_id)
+        child_finished(
+            conn,
+            row["parent_run_id"],
+            row["parent_step_id"],
+            run_id,
+            now,
+            failure=f"failed: {failure}",
+        )
+
+
+def describe_failure(conn: Conn, run_id: str) -> str:
+    row = conn.execute(QUERIES["run_get"], {"run_id": run_id}).fetchone()
+    failure = (row or {}).get("failure") or {}
+    return f"{failure.get('error_kind', 'error')}: {failure.get('error', '')}".rstrip(": ")
+
+
+def cancel_runs(
+    conn: Conn, run_ids: Iterable[str], now: datetime | None, *, notify: bool = True
+) -> list[dict[str, Any]]:
+    """Cancel these runs and their descendants; returns the runs that changed."""
+    rows = conn.execute(
+        QUERIES["run_cancel_tree"], {"run_ids": list(run_ids), "now": now}
+    ).fetchall()
+    if rows:
+        ended = [str(r["id"]) for r in rows]
+        settle_late(conn, ended, "discarded", ErrorKind.CANCELLED, "run cancelled", now)
+    if rows and notify:
+        notify_revoked(conn)
+    return rows
+
+
+def settle_late(
+    conn: Conn,
+    run_ids: list[str],
+    state: str,
+    kind: str | None,
+    error: str,
+    now: datetime | None,
+) -> None:
+    """Give steps inserted by a concurrent chain completion their ended run's fate."""
+    conn.execute(
+        QUERIES["steps_settle_late"],
+        {"run_ids": run_ids, "state": state, "kind": kind, "error": error, "now": now},
+    )
+
+
+def notify_revoked(conn: Conn) -> None:
+    conn.execute(QUERIES["revoked_notify"])
