@@ -44,6 +44,11 @@ from cyclone.engine.steps import _LeaseFloor
 log = logging.getLogger(__name__)
 _DEBUG = bool(os.environ.get("CYCLONE_DEBUG_DISPATCH"))
 
+# How long the first `want` of a batch may wait for the workers still running a handler to
+# ask too: a statement for four costs PostgreSQL about what one for one costs, so a wait this
+# short gives back more than it takes (bench/README.md, "runtime.py"). Workers all waiting:
+# sent at once.
+LINGER = 0.001
 # Sessions whose statements may run at once: one alone would keep every batch on one server
 # process, and so on one core, however many the server has.
 SESSIONS = 2
@@ -159,8 +164,13 @@ class Dispatcher:
         # for a second statement (see `answer`), by pid.
         self.carried: dict[int, bool] = {}
         self.own_until = 0.0
+        self.first_at = 0.0
         self.host = socket.gethostname()
         self.statements = 0  # statements answered
+
+    def next_at(self) -> float | None:
+        """When the `want`s waiting for others must be sent (the loop wakes for it)."""
+        return self.first_at + LINGER if self.pending and self.first_at else None
 
     def want(self, handle: Any, message: channel.Want) -> None:
         self.pending.append((handle, message))
@@ -185,10 +195,20 @@ class Dispatcher:
             for handle, _ in batch:
                 send_line(handle.fd, _OWN)
             return
+        now = time.monotonic()
+        if not self.first_at:
+            self.first_at = now
+        # Workers still running a step (a finished one is held until its `want` is answered).
+        running = sum(
+            1 for h in arbiter.children.values() if h.lease is not None and h.kill is None
+        ) - sum(1 for _, w in self.pending if w.finished)
+        if running > 0 and now < self.first_at + LINGER:
+            return
         session = self.free_session()
         if session is None:
             return  # they go with the next statement, once one of those in flight is back
         batch, self.pending = self.pending, []
+        self.first_at = 0.0
         finished = [Finished(**w.finished) for _, w in batch if w.finished]
         leasing = [
             h for h, w in batch

@@ -209,6 +209,9 @@ class Supervisor:
         """Wait for the next event; True when the tick has work (a timer, signal or exit)."""
         now = time.monotonic()
         wake = min(self.arbiter.next_wakeup(), max(self.presence.next_at(), now + MIN_GAP))
+        linger = self.dispatcher.next_at()
+        if linger is not None:
+            wake = min(wake, linger)
         if self.coalesce_until > now:
             time.sleep(min(self.coalesce_until, wake) - now)
             now = time.monotonic()
