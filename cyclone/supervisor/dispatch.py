@@ -97,13 +97,14 @@ class Session:
             if result.status != pq.ExecStatus.COMMAND_OK:
                 raise psycopg.OperationalError(_message(result))
         self.pg.nonblocking = 1
+        self.fd = self.pg.socket  # kept: a lost connection has none to tell any more
         self.floor = _LeaseFloor()
         self.batch: Batch | None = None
         self.leasing: list[Any] = []
         self.sent = 0.0
 
     def fileno(self) -> int:
-        return self.pg.socket
+        return self.fd
 
     def send(self, params: dict[str, str | None]) -> None:
         values = [None if v is None else v.encode() for v in (params[n] for n in DISPATCH_PARAMS)]
@@ -125,6 +126,10 @@ class Session:
                 text = (result.get_value(0, 0) or b"").decode()
             elif result.status == pq.ExecStatus.FATAL_ERROR:
                 error = psycopg.DatabaseError(_message(result))
+        if self.pg.status != pq.ConnStatus.OK:
+            # The server ended the session (a restart, say): a failure of the database, which
+            # the workers are told to ride out on their own, not of this batch alone.
+            raise psycopg.OperationalError(str(error or "the connection was lost"))
         if error is not None:
             raise error
         if text is None:
@@ -297,9 +302,10 @@ class Dispatcher:
 
     def failed(self, session: Session, exc: Exception, arbiter: Handles) -> None:
         batch, session.batch = session.batch or [], None
-        self.sessions.remove(session)
-        self.unwatch(session.fileno())
-        session.close()
+        if session in self.sessions:
+            self.sessions.remove(session)
+            self.unwatch(session.fileno())
+            session.close()
         if isinstance(exc, psycopg.OperationalError):
             self.own(exc, batch)
         else:

@@ -86,12 +86,12 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
 ) -> None:
     """SIGSTOP the worker *and* its supervisor: otherwise the supervisor kills a worker that
     stops heartbeating (test_process_lifecycle checks that), and no late write is ever tried.
-    Stopped together they are what a frozen VM or a long GC pause would leave: the scanner
-    (the stopped supervisor's, still running, as another host's would be) reclaims the lease
-    and the other worker runs the step again. Then the frozen worker wakes first."""
+    Stopped together they are what a frozen VM or a long GC pause would leave: a scanner
+    reclaims the lease and another host's worker runs the step again. Then the frozen worker
+    wakes first."""
     from proc_flows import busy
 
-    sup = supervisor(workers=2)
+    sup = supervisor(workers=1)
     run_id = env.client.submit(busy, {"dir": str(tmp_path), "n": 1, "sleep": 1.0})
     spans = tmp_path / "spans.log"
     wait_for(lambda: spans.exists() and spans.read_text(), 10, "the step to start")
@@ -99,6 +99,8 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
     os.kill(sup.pid, signal.SIGSTOP)
     os.kill(frozen, signal.SIGSTOP)
     try:
+        # Another host's supervisor: the frozen one leases for no worker of its own.
+        supervisor(workers=1)
         status = wait_for(
             lambda: env.client.get_run(run_id) if completed(env, run_id) else None, 20,
             "the run to complete on the other worker",
@@ -120,10 +122,10 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
         for pid in (frozen, sup.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-    # Awake again, the supervisor keeps two workers: the woken one, if it found the lease gone
+    # Awake again, the supervisor keeps its worker: the woken one, if it found the lease gone
     # when recording (it drops the result and goes on), or a replacement, if it found out
     # when heartbeating (it leaves with LEASE_LOST).
-    wait_for(lambda: len(sup.workers()) == 2, 10, "two workers")
+    wait_for(lambda: len(sup.workers()) == 1, 10, "its worker")
     assert sup.popen.poll() is None
 
 
