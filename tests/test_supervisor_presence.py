@@ -6,14 +6,13 @@ import time
 import uuid
 from datetime import timedelta
 
-from cyclone.scanner.presence import StalePresenceSweep
+from cyclone.engine.sweeps import STALE_AFTER, sweep_stale_supervisors
 from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
 from cyclone.supervisor.presence import (
     KILL_MARGIN,
     MAX_SILENCE,
     PUBLISH_INTERVAL,
     PUBLISH_MARGIN,
-    STALE_AFTER,
     Presence,
     snapshot,
 )
@@ -167,10 +166,11 @@ def sweep_when_gone(env: TestEnv, now: object = None, held: int = 0) -> int:
     deadline = time.monotonic() + 10
     while env.conn.execute(claimed).fetchone()["n"] > held and time.monotonic() < deadline:
         time.sleep(0.01)
-    return StalePresenceSweep(batch_size=10).run_once(env.conn, now=now)  # type: ignore[arg-type]
+    return sweep_stale_supervisors(env.conn, batch_size=10, now=now)  # type: ignore[arg-type]
 
 
 def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv) -> None:
+    assert STALE_AFTER == 10 * PUBLISH_INTERVAL
     for name in ("alive", "dead"):
         presence = Presence(lambda: connect_briefly(env.dsn), host=name, pid=1)
         presence.publish(snapshot([handle(11, 1)], draining=False, target=1, uptime=0, now=0), 0)

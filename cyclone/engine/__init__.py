@@ -25,21 +25,26 @@ from cyclone.engine.steps import (
 )
 from cyclone.engine.sweeps import (
     SWEEPS,
+    Sweep,
+    enabled_sweeps,
     sweep_deadlines,
     sweep_expired_leases,
     sweep_max_wait,
     sweep_retention,
     sweep_sleeps,
+    sweep_stale_supervisors,
 )
 
 __all__ = [
     "FINISHED",
     "SWEEPS",
     "Lease",
+    "Sweep",
     "cancel_run",
     "complete_and_lease",
     "complete_step",
     "current_graph",
+    "enabled_sweeps",
     "expand_map",
     "fail_step",
     "graph_by_hash",
@@ -58,4 +63,5 @@ __all__ = [
     "sweep_max_wait",
     "sweep_retention",
     "sweep_sleeps",
+    "sweep_stale_supervisors",
 ]

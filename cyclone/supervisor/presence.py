@@ -16,9 +16,9 @@ reported it lost, then the scanner removed it. So once MAX_SILENCE has passed si
 publish, the next one goes out whatever kill is near, which can hold that kill up by at most
 the statement's timeout (a connect's, if the connection was lost).
 
-A clean exit deletes the rows; a supervisor that died leaves them to the scanner's presence
-sweep, which removes rows not seen for STALE_AFTER, except those of a supervisor whose
-presence connection still holds its lock (`presence_claim`): one that is alive.
+A clean exit deletes the rows; a supervisor that died leaves them to the scanner's
+`stale_supervisors` sweep, which removes rows not seen for STALE_AFTER, except those of a
+supervisor whose presence connection still holds its lock (`presence_claim`): one that is alive.
 """
 
 from __future__ import annotations
@@ -51,10 +51,9 @@ KILL_MARGIN = 3.0
 # The same on the kept connection: one statement (its 0.5 s statement_timeout), and some room.
 PUBLISH_MARGIN = 0.75
 # The longest a supervisor goes without publishing while the database answers, whatever its
-# load: well inside the 10 s after which `cyclone status` calls it lost.
+# load: well inside the 10 s after which `cyclone status` calls it lost. One not seen for ten
+# intervals is dead: the scanner removes its rows (STALE_AFTER in cyclone/engine/sweeps.py).
 MAX_SILENCE = 2 * PUBLISH_INTERVAL
-# A supervisor not seen for this long is dead; the scanner removes its rows.
-STALE_AFTER = 10 * PUBLISH_INTERVAL
 
 
 @dataclass(frozen=True, slots=True)
