@@ -73,3 +73,7 @@ DEADLINE_ERROR = "run deadline exceeded"
 # The longest run deadline accepted (submit, dlq retry): far beyond any real run, and far
 # inside what a PostgreSQL interval can hold.
 MAX_DEADLINE_SECONDS = 100 * 365 * 86400
+# A supervisor publishes its presence rows this often; the scanner deletes those not seen for
+# STALE_AFTER. Both sides read them here.
+PUBLISH_INTERVAL = 2.0
+STALE_AFTER = 10 * PUBLISH_INTERVAL

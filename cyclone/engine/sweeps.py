@@ -31,13 +31,10 @@ from cyclone.engine.advance import (
 )
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.sql import QUERIES
-from cyclone.states import DEADLINE_ERROR, ErrorKind
+from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
 Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
-# A supervisor publishes its presence every 2 s (supervisor/presence.py); one not seen for ten
-# of those is gone.
-STALE_AFTER = 20.0
 # Old runs pile up slowly, so once a minute is enough however short the scanner interval is.
 RETENTION_EVERY = 60.0
 

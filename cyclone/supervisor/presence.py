@@ -34,12 +34,12 @@ from typing import Any
 import psycopg
 
 from cyclone.sql import QUERIES
+from cyclone.states import PUBLISH_INTERVAL
 from cyclone.supervisor.children import Role, WorkerHandle
 from cyclone.supervisor.store import KeptSession
 
 log = logging.getLogger(__name__)
 
-PUBLISH_INTERVAL = 2.0
 # Changes (a lease, an outcome) publish sooner, but no more often than this: at thousands of
 # steps a second, one upsert per change would cost more than the steps.
 MIN_GAP = 0.5
@@ -51,8 +51,7 @@ KILL_MARGIN = 3.0
 # The same on the kept connection: one statement (its 0.5 s statement_timeout), and some room.
 PUBLISH_MARGIN = 0.75
 # The longest a supervisor goes without publishing while the database answers, whatever its
-# load: well inside the 10 s after which `cyclone status` calls it lost. One not seen for ten
-# intervals is dead: the scanner removes its rows (STALE_AFTER in cyclone/engine/sweeps.py).
+# load: well inside the 10 s after which `cyclone status` calls it lost.
 MAX_SILENCE = 2 * PUBLISH_INTERVAL
 
 
