@@ -8,6 +8,15 @@ SKIP LOCKED and re-check state before writing). The scanner process (`cyclone.sc
 `TestEnv.scan` both run `enabled_sweeps()`: the scanner batches each one while batches come
 back full and spaces out the ones with an `every`; the harness runs each once, on its clock.
 Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
+
+    deadlines          running run past deadline_at    -> failed; live steps dead (`deadline`);
+                                                          leases revoked + NOTIFY cyclone_revoked
+    expired_leases     running step, lease expired     -> available (retry, `lease_expired`)
+                                                          or dead
+    max_wait           waiting step past max_wait      -> dead (`max_wait`); child run cancelled
+    sleeps             waiting sleep past its wake-up  -> completed; downstream steps available
+    stale_supervisors  supervisor not seen for a while -> its presence rows deleted
+    retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
 """
 
 from __future__ import annotations
