@@ -52,6 +52,14 @@ class NodeKind(StrEnum):
     SLEEP = "sleep"
     CHILD = "child"
 
+    @property
+    def first_state(self) -> StepState:
+        """The state a step of this kind starts in, and comes back to on a DLQ retry: waits
+        and sleeps wait for their signal or their time, the others are available to a worker.
+        The statements that make steps use the SQL function cyclone_kind_first_state
+        (migration 11), which says the same (a test holds them equal)."""
+        return StepState.WAITING if self in (NodeKind.WAIT, NodeKind.SLEEP) else StepState.AVAILABLE
+
 
 TERMINAL_RUN_STATES = frozenset({RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED})
 TERMINAL_STEP_STATES = frozenset({StepState.COMPLETED, StepState.DEAD, StepState.DISCARDED})

@@ -160,8 +160,9 @@ class TestEnv:
         return self._effects_conn
 
     def scan(self) -> int:
-        """One pass of every scanner sweep; returns how many rows changed."""
-        return sum(sweep(self.conn, now=self.now()) for sweep in engine.SWEEPS)
+        """One batch of every sweep the scanner runs, in its order (`engine.enabled_sweeps`:
+        no retention here); returns how many rows changed."""
+        return sum(sweep.batch(self.conn, now=self.now()) for sweep in engine.enabled_sweeps())
 
     def run_until_idle(self, max_steps: int = 10_000) -> int:
         """Run every due step and sweep until nothing is due now; returns the steps run."""

@@ -239,12 +239,12 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         **node_rows([chain.graph.nodes["c2"]]),
     },
     # The scanner's sweeps: nothing is due, so nothing may be read.
-    "run_fail_deadline_passed": lambda b: {"batch_size": 500, "now": None},
-    "lease_reclaim_expired": lambda b: {"batch_size": 500, "now": None},
-    "wait_expire": lambda b: {"batch_size": 500, "now": None},
-    "sleep_wake": lambda b: {"batch_size": 500, "now": None},
-    "run_delete_finished": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
-    "presence_delete_stale": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
+    "sweep_deadlines": lambda b: {"batch_size": 500, "now": None},
+    "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None},
+    "sweep_max_wait": lambda b: {"batch_size": 500, "now": None},
+    "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
+    "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
+    "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     # What an operator reads during an incident.
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},

@@ -1,21 +1,24 @@
-"""Each sweep, called once with a fixed `now` on seeded rows; and the loop they share."""
+"""Each sweep, called once with a fixed `now` on seeded rows; the loop they share; and the
+registry that declares them (cyclone/engine/sweeps.py), which the scanner and TestEnv share."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
 import cyclone
 from cyclone import engine
-from cyclone.scanner import ScannerOptions, make_sweeps
-from cyclone.scanner.base import Sweep
-from cyclone.scanner.deadlines import DeadlineSweep
-from cyclone.scanner.leases import ExpiredLeaseSweep
-from cyclone.scanner.retention import RetentionSweep
-from cyclone.scanner.sleeps import SleepSweep
-from cyclone.scanner.waits import MaxWaitSweep
+from cyclone.engine.sweeps import Sweep
+from cyclone.scanner import Scanner, ScannerOptions, make_sweeps
+from cyclone.scanner.base import Sweeper
+from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, ErrorKind, RunState, StepState
+from cyclone.supervisor.metrics import Metrics
 
 tasks = cyclone.Workflow("sweep-task")
 
@@ -45,6 +48,12 @@ def env(env):
     return env
 
 
+def sweeper(name: str, **settings: float) -> Sweeper:
+    """The registered sweep `name` as the scanner runs it, batches of 10."""
+    (sweep,) = [s for s in engine.SWEEPS if s.name == name]
+    return Sweeper(sweep, batch_size=10, settings=settings)
+
+
 def lease(env):
     found = engine.lease_step(env.conn, worker="test", lease_ttl=30, now=env.now())
     assert found is not None
@@ -54,7 +63,7 @@ def lease(env):
 def test_the_deadline_sweep_fails_overdue_runs_and_leaves_others(env) -> None:
     late = env.client.submit(tasks, {}, run_deadline=timedelta(minutes=1))
     fine = env.client.submit(tasks, {}, run_deadline=timedelta(hours=1))
-    sweep = DeadlineSweep(batch_size=10)
+    sweep = sweeper("deadlines")
     assert sweep.run_once(env.conn, now=env.now()) == 0
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=2)) == 1
     status = env.client.get_run(late)
@@ -67,7 +76,7 @@ def test_the_deadline_sweep_fails_overdue_runs_and_leaves_others(env) -> None:
 def test_the_lease_sweep_reclaims_only_expired_leases(env) -> None:
     run_id = env.client.submit(tasks, {})
     lease(env)
-    sweep = ExpiredLeaseSweep(batch_size=10)
+    sweep = sweeper("expired_leases")
     assert sweep.run_once(env.conn, now=env.now() + timedelta(seconds=29)) == 0
     assert sweep.run_once(env.conn, now=env.now() + timedelta(seconds=31)) == 1
     (step,) = env.client.steps(run_id)
@@ -76,7 +85,7 @@ def test_the_lease_sweep_reclaims_only_expired_leases(env) -> None:
 
 def test_the_max_wait_sweep_dead_letters_waits_parked_too_long(env) -> None:
     run_id = env.client.submit(waits, {})
-    sweep = MaxWaitSweep(batch_size=10)
+    sweep = sweeper("max_wait")
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=4)) == 0
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=6)) == 1
     status = env.client.get_run(run_id)
@@ -85,7 +94,7 @@ def test_the_max_wait_sweep_dead_letters_waits_parked_too_long(env) -> None:
 
 def test_the_sleep_sweep_wakes_sleeps_that_are_over(env) -> None:
     run_id = env.client.submit(sleeps, {})
-    sweep = SleepSweep(batch_size=10)
+    sweep = sweeper("sleeps")
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=4)) == 0
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=6)) == 1
     assert env.client.get_run(run_id).state == RunState.COMPLETED
@@ -99,7 +108,7 @@ def test_the_retention_sweep_deletes_only_old_finished_runs(env) -> None:
     env.run_until_complete(parent)
     count = "SELECT count(*) AS n FROM cyclone_runs"
     assert env.conn.execute(count).fetchone()["n"] == 4  # with the parent's child run
-    sweep = RetentionSweep(batch_size=10, retention=3600)
+    sweep = sweeper("retention", retention=3600)
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=30)) == 0
     assert sweep.run_once(env.conn, now=env.now() + timedelta(hours=2)) == 2
     for gone in (done, parent):
@@ -114,38 +123,36 @@ def test_the_retention_sweep_deletes_only_old_finished_runs(env) -> None:
 def test_the_max_wait_sweep_counts_failed_runs_not_expired_waits(env) -> None:
     # It feeds cyclone_scanner_runs_failed_total{reason="max_wait"}.
     run_id = env.client.submit(twin_waits, {})
-    sweep = MaxWaitSweep(batch_size=10)
+    sweep = sweeper("max_wait")
     assert sweep.run_once(env.conn, now=env.now() + timedelta(minutes=6)) == 1
     assert env.client.get_run(run_id).state == RunState.FAILED
     assert [s.state for s in env.client.steps(run_id)] == [StepState.DEAD, StepState.DEAD]
 
 
-class Counting(Sweep):
-    name = "counting"
+def counting(batch_size: int, results: list[int]) -> tuple[Sweeper, list[int]]:
+    """A sweeper over a declared sweep whose batches change `results` rows in turn."""
+    calls: list[int] = []
 
-    def __init__(self, batch_size: int, results: list[int]) -> None:
-        super().__init__(batch_size=batch_size)
-        self.results = results
-        self.calls = 0
+    def sweep_counting(conn, *, batch_size, now=None) -> int:
+        calls.append(batch_size)
+        return results.pop(0)
 
-    def run_once(self, conn, now=None) -> int:
-        self.calls += 1
-        return self.results.pop(0)
+    return Sweeper(Sweep("counting", sweep_counting), batch_size=batch_size), calls
 
 
 def test_a_sweep_batches_while_its_batches_come_back_full(caplog) -> None:
     pauses: list[float] = []
-    sweep = Counting(2, [2, 2, 1, 2])
+    sweep, calls = counting(2, [2, 2, 1, 2])
     with caplog.at_level("INFO"):
-        assert sweep.sweep(None, pause=pauses.append) == 5
-    assert sweep.calls == 3 and len(pauses) == 2
+        assert sweep.run(None, pause=pauses.append) == 5
+    assert calls == [2, 2, 2] and len(pauses) == 2
     assert all(0 < p < 1 for p in pauses)
     assert "counting: 5" in caplog.text
 
 
 def test_a_sweep_that_changed_nothing_logs_nothing(caplog) -> None:
     with caplog.at_level("INFO"):
-        assert Counting(2, [0]).sweep(None, pause=lambda _: None) == 0
+        assert counting(2, [0])[0].run(None, pause=lambda _: None) == 0
     assert caplog.text == ""
 
 
@@ -155,3 +162,56 @@ def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     assert names == ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors"]
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
     assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)
+
+
+# The labels of the sweeps' counts on the scanner's `scanned` pipe line and in its log lines:
+# the supervisor's metrics and operators' log queries read them, so they never change.
+LABELS = ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors", "retention"]
+
+
+def test_every_sweep_has_one_name_for_its_label_statement_and_function() -> None:
+    assert [s.name for s in engine.SWEEPS] == LABELS
+    for sweep in engine.SWEEPS:
+        assert re.fullmatch(r"[a-z][a-z_]*", sweep.name), sweep.name
+        assert f"sweep_{sweep.name}" in QUERIES, f"no -- name: sweep_{sweep.name} block"
+        assert sweep.run.__name__ == f"sweep_{sweep.name}"
+        assert getattr(engine, f"sweep_{sweep.name}") is sweep.run
+    # Nothing named like a sweep is left out of the registry.
+    statements = {n.removeprefix("sweep_") for n in QUERIES if n.startswith("sweep_")}
+    functions = {n.removeprefix("sweep_") for n in dir(engine) if n.startswith("sweep_")}
+    assert statements == functions == set(LABELS)
+
+
+def test_the_metrics_read_the_counts_the_registry_says_they_are() -> None:
+    metrics = Metrics()
+    failed = {s.name: s.runs_failed for s in engine.SWEEPS if s.runs_failed is not None}
+    assert failed == {"deadlines": ErrorKind.DEADLINE, "max_wait": ErrorKind.MAX_WAIT}
+    counts = dict.fromkeys(LABELS, 1)
+    metrics.scanned(SimpleNamespace(at=1.0, ok=True, counts=counts))  # type: ignore[arg-type]
+    registry = metrics.registry
+    for reason in failed.values():
+        value = registry.get_sample_value("cyclone_scanner_runs_failed_total", {"reason": reason})
+        assert value == 1.0, reason
+    assert registry.get_sample_value("cyclone_lease_expirations_total") == 1.0
+
+
+def test_the_scanner_and_testenv_run_the_same_sweeps_in_the_same_order(env, monkeypatch) -> None:
+    ran: list[str] = []
+
+    def recording(name: str):
+        def run(conn, *, batch_size, now=None, **settings) -> int:
+            ran.append(name)
+            return 0
+
+        return run
+
+    fakes = tuple(dataclasses.replace(s, run=recording(s.name)) for s in engine.SWEEPS)
+    monkeypatch.setattr(engine.sweeps, "SWEEPS", fakes)
+    env.scan()
+    by_env, ran[:] = list(ran), []
+    options = ScannerOptions(dsn=env.dsn, interval=1, batch_size=10, retention=0)
+    scanner = Scanner(options, parent=os.getpid())
+    scanner.conn, scanner.wakeup = env.conn, SimpleNamespace(wait=lambda _: None)
+    counts, ok = scanner.scan_once()
+    assert ok and ran == by_env == LABELS[:-1]  # retention is off in both
+    assert list(counts) == LABELS[:-1] and set(counts.values()) == {0}

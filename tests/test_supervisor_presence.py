@@ -7,10 +7,16 @@ import uuid
 from datetime import timedelta
 
 from cyclone.child.session import connect_briefly
-from cyclone.scanner.presence import StalePresenceSweep
+from cyclone.engine.sweeps import sweep_stale_supervisors
 from cyclone.states import PUBLISH_INTERVAL, STALE_AFTER
 from cyclone.supervisor.children import HeldLease, Role, WorkerHandle
-from cyclone.supervisor.presence import KILL_MARGIN, MAX_SILENCE, PUBLISH_MARGIN, Presence, snapshot
+from cyclone.supervisor.presence import (
+    KILL_MARGIN,
+    MAX_SILENCE,
+    PUBLISH_MARGIN,
+    Presence,
+    snapshot,
+)
 from cyclone.testing import TestEnv
 
 RUN = str(uuid.uuid4())
@@ -160,7 +166,7 @@ def sweep_when_gone(env: TestEnv, now: object = None, held: int = 0) -> int:
     deadline = time.monotonic() + 10
     while env.conn.execute(claimed).fetchone()["n"] > held and time.monotonic() < deadline:
         time.sleep(0.01)
-    return StalePresenceSweep(batch_size=10).run_once(env.conn, now=now)  # type: ignore[arg-type]
+    return sweep_stale_supervisors(env.conn, batch_size=10, now=now)  # type: ignore[arg-type]
 
 
 def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv) -> None:

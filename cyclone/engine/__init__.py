@@ -10,7 +10,8 @@ runs.py      a run's own operations: submit, lock, fail, cancel a tree of runs
 control.py   operations on whole runs from outside: cancel, pause, resume, signal
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
-sweeps.py    the scanner's sweeps as plain functions
+dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
+sweeps.py    the scanner's sweeps: SWEEPS, one entry each in run order, and their functions
 """
 
 from __future__ import annotations
@@ -33,21 +34,26 @@ from cyclone.engine.steps import (
 )
 from cyclone.engine.sweeps import (
     SWEEPS,
+    Sweep,
+    enabled_sweeps,
     sweep_deadlines,
     sweep_expired_leases,
     sweep_max_wait,
     sweep_retention,
     sweep_sleeps,
+    sweep_stale_supervisors,
 )
 
 __all__ = [
     "FINISHED",
     "SWEEPS",
     "Lease",
+    "Sweep",
     "cancel_run",
     "complete_and_lease",
     "complete_step",
     "current_graph",
+    "enabled_sweeps",
     "expand_map",
     "fail_step",
     "graph_by_hash",
@@ -66,4 +72,5 @@ __all__ = [
     "sweep_max_wait",
     "sweep_retention",
     "sweep_sleeps",
+    "sweep_stale_supervisors",
 ]

@@ -1,12 +1,28 @@
-"""The scanner's sweeps as plain functions: `sweep_x(conn, batch_size=..., now=None) -> count`.
+"""The scanner's sweeps, declared once in `SWEEPS`, in the order a pass runs them.
 
-Each handles one batch in one transaction and is safe to run from any number of scanners at
-once (the statements lock runs with SKIP LOCKED and re-check state before writing). The
-scanner process calls them in a loop; the test harness calls them directly with its clock.
+A sweep has one name, `x`: the label of its count on the scanner's `scanned` pipe line and
+in its log lines, its statement `sweep_x` (sql/sweeps.sql) and its function `sweep_x` here,
+`sweep_x(conn, *, batch_size=..., now=None) -> count`. Each function handles one batch in one
+transaction and is safe to run from any number of scanners at once (the statements lock with
+SKIP LOCKED and re-check state before writing). The scanner process (`cyclone.scanner`) and
+`TestEnv.scan` both run `enabled_sweeps()`: the scanner batches each one while batches come
+back full and spaces out the ones with an `every`; the harness runs each once, on its clock.
+Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
+
+    deadlines          running run past deadline_at    -> failed; live steps dead (`deadline`);
+                                                          leases revoked + NOTIFY cyclone_revoked
+    expired_leases     running step, lease expired     -> available (retry, `lease_expired`)
+                                                          or dead
+    max_wait           waiting step past max_wait      -> dead (`max_wait`); child run cancelled
+    sleeps             waiting sleep past its wake-up  -> completed; downstream steps available
+    stale_supervisors  supervisor not seen for a while -> its presence rows deleted
+    retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -17,21 +33,29 @@ from cyclone.engine.advance import RunRef, node_completed
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
 from cyclone.sql import QUERIES
-from cyclone.states import DEADLINE_ERROR, ErrorKind
+from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
 Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
+# Old runs pile up slowly, so once a minute is enough however short the scanner interval is.
+RETENTION_EVERY = 60.0
 
 
 def sweep_deadlines(
     conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
-    """Fail running runs past their deadline; returns how many failed."""
+    """Fail running runs past their deadline; returns how many failed.
+
+    Every live step of such a run is dead-lettered with kind `deadline` and error `run
+    deadline exceeded`, waiting child nodes' child runs are cancelled in the same
+    transaction, and `cyclone_revoked` is notified so that every supervisor kills the
+    handlers at once.
+    """
 
     def tx() -> int:
         with conn.transaction():
             row = conn.execute(
-                QUERIES["run_fail_deadline_passed"], {"batch_size": batch_size, "now": now}
+                QUERIES["sweep_deadlines"], {"batch_size": batch_size, "now": now}
             ).fetchone()
             if not row["run_ids"]:
                 return 0
@@ -49,12 +73,18 @@ def sweep_deadlines(
 def sweep_expired_leases(
     conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
-    """Reclaim leases nobody renewed; returns how many steps were reclaimed."""
+    """Reclaim leases nobody renewed; returns how many steps were reclaimed.
+
+    The host or worker holding them is gone or stuck. The step is retried (kind
+    `lease_expired`) while attempts remain, else dead-lettered. Rescue is keyed on lease
+    expiry only, never on how long a step has been running: a step that is slow but alive
+    keeps renewing its lease, and taking it away would run it twice at once.
+    """
 
     def tx() -> int:
         with conn.transaction():
             rows = conn.execute(
-                QUERIES["lease_reclaim_expired"], {"batch_size": batch_size, "now": now}
+                QUERIES["sweep_expired_leases"], {"batch_size": batch_size, "now": now}
             ).fetchall()
             for run_id in {str(r["run_id"]) for r in rows if r["state"] == "dead"}:
                 fail_run(conn, run_id, now)
@@ -68,13 +98,14 @@ def sweep_expired_leases(
 def sweep_max_wait(
     conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
-    """Dead-letter waits and child nodes parked past their max_wait, failing their runs;
-    returns how many runs failed (two waits of one run expiring together fail it once)."""
+    """Dead-letter waits and child nodes parked past their max_wait (kind `max_wait`), failing
+    their runs and cancelling a child node's child run in the same transaction; returns how
+    many runs failed (two waits of one run expiring together fail it once)."""
 
     def tx() -> int:
         with conn.transaction():
             rows = conn.execute(
-                QUERIES["wait_expire"], {"batch_size": batch_size, "now": now}
+                QUERIES["sweep_max_wait"], {"batch_size": batch_size, "now": now}
             ).fetchall()
             children = [r["child_run_id"] for r in rows if r["child_run_id"] is not None]
             if children:
@@ -95,7 +126,7 @@ def sweep_sleeps(
     def tx() -> int:
         with conn.transaction():
             rows = conn.execute(
-                QUERIES["sleep_wake"], {"batch_size": batch_size, "now": now}
+                QUERIES["sweep_sleeps"], {"batch_size": batch_size, "now": now}
             ).fetchall()
             for row in rows:
                 run = lock_run(conn, row["run_id"])
@@ -109,13 +140,72 @@ def sweep_sleeps(
 def sweep_retention(
     conn: Conn, *, retention: float, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
-    """Delete finished top-level runs older than `retention` seconds; returns how many."""
+    """Delete finished top-level runs older than `retention` seconds, with their child runs
+    and steps; returns how many top-level runs."""
     with conn.transaction():
         row = conn.execute(
-            QUERIES["run_delete_finished"],
+            QUERIES["sweep_retention"],
             {"retention": retention, "batch_size": batch_size, "now": now},
         ).fetchone()
         return int(row["deleted"])
 
 
-SWEEPS = (sweep_deadlines, sweep_expired_leases, sweep_max_wait, sweep_sleeps)
+def sweep_stale_supervisors(
+    conn: Conn,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+    stale_after: float = STALE_AFTER,
+) -> int:
+    """Forget supervisors that died without withdrawing their presence rows (SIGKILL, host
+    lost); returns how many. Their workers' rows go with them by cascade. Their steps are not
+    touched: leases a lost host held come back through lease expiry, as always."""
+    params = {"now": now, "stale_after": stale_after, "batch_size": batch_size}
+    with conn.transaction():
+        return len(conn.execute(QUERIES["sweep_stale_supervisors"], params).fetchall())
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """One entry of `SWEEPS`: everything the scanner and the harness need to run a sweep."""
+
+    name: str
+    run: Callable[..., int]  # sweep_<name>: one batch, one transaction; rows changed
+    every: float | None = None  # at most this often (seconds); None: every pass
+    runs_failed: ErrorKind | None = None  # its rows are runs failed, for this reason
+    leases_reclaimed: bool = False  # its rows are expired leases reclaimed
+    setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
+
+    def batch(
+        self,
+        conn: Conn,
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        now: datetime | None = None,
+        settings: Mapping[str, float] | None = None,
+    ) -> int:
+        """One batch: `run` with the setting it takes, if any."""
+        extra = {self.setting: (settings or {})[self.setting]} if self.setting else {}
+        return self.run(conn, batch_size=batch_size, now=now, **extra)
+
+    def enabled(self, settings: Mapping[str, float] | None = None) -> bool:
+        return self.setting is None or (settings or {}).get(self.setting, 0) > 0
+
+
+# Deadlines first: a run past its deadline must fail before anything else touches it.
+# `runs_failed` and `leases_reclaimed` say which metrics the supervisor feeds with a count
+# (cyclone_scanner_runs_failed_total{reason}, cyclone_lease_expirations_total).
+SWEEPS = (
+    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE),
+    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True),
+    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT),
+    Sweep("sleeps", sweep_sleeps),
+    # Stale rows only matter to a human reading `cyclone status`: no hurry.
+    Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
+    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
+)
+
+
+def enabled_sweeps(settings: Mapping[str, float] | None = None) -> list[Sweep]:
+    """The sweeps a pass runs, in order, given the scanner's settings (`retention`)."""
+    return [s for s in SWEEPS if s.enabled(settings)]

@@ -1,17 +1,16 @@
-"""The scanner: time-driven maintenance of runs and steps, one module per sweep.
+"""The scanner: time-driven maintenance of runs and steps.
 
-    deadlines.py   running run past deadline_at   -> failed; live steps dead (`deadline`);
-                                                     leases revoked + NOTIFY cyclone_revoked
-    leases.py      running step, lease expired    -> available (retry, `lease_expired`) or dead
-    waits.py       waiting step past max_wait      -> dead (`max_wait`); child run cancelled
-    sleeps.py      waiting sleep past its wake-up  -> completed; downstream steps available
-    retention.py   finished run past retention     -> deleted
-    presence.py    supervisor not seen for a while -> its presence rows deleted
+The sweeps are declared in `cyclone.engine.sweeps.SWEEPS`, in run order; that module's
+docstring says what each does.
+
+    base.py     Sweeper: one sweep's batching loop, pause, log line and schedule
+    process.py  the process: a pass of every sweep per `scanner.interval`, reported on its pipe
 
 Each pass runs them in that order, every `scanner.interval` (with jitter), batching while a
 batch comes back full, then reports what each changed to the supervisor (`scanned` on its
-pipe), which turns it into metrics. Every sweep locks its rows with SKIP LOCKED and re-checks
-their state before writing, so any number of scanners on any number of hosts are safe together.
+pipe, counts keyed by the sweeps' names), which turns it into metrics. Every sweep locks its
+rows with SKIP LOCKED and re-checks their state before writing, so any number of scanners on
+any number of hosts are safe together.
 """
 
 from __future__ import annotations

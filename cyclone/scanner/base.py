@@ -1,9 +1,10 @@
-"""The shape every sweep shares: one batch per `run_once`, and the loop around it.
+"""The loop every sweep shares: batches, a pause between them, a log line, a schedule.
 
-A sweep is a small object with a name and `run_once(conn, now) -> int` (rows changed by one
-batch, in one transaction). The loop that batches, jitters and logs lives here once, not in
-every sweep (River copies it into each maintenance service). Tests call `run_once` directly,
-with rows seeded in a given state and a fixed `now`.
+The sweeps themselves are entries of `cyclone.engine.sweeps.SWEEPS` (a name and an engine
+function that handles one batch in one transaction). A `Sweeper` runs one of them in the
+scanner: the loop that batches, jitters and logs lives here once, not in every sweep (River
+copies it into each maintenance service). Tests call the engine functions directly, with rows
+seeded in a given state and a fixed `now`.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any
 
 import psycopg
+
+from cyclone.engine.sweeps import Sweep
 
 log = logging.getLogger(__name__)
 
@@ -28,25 +30,27 @@ BATCH_PAUSE = (0.05, 0.25)
 MAX_BATCHES = 20
 
 
-class Sweep(ABC):
-    """One kind of maintenance, safe to run from any number of scanners at once."""
+class Sweeper:
+    """One registered sweep as the scanner runs it, safe beside any number of other scanners."""
 
-    name: ClassVar[str]
-    # Run at most this often; None: every scanner interval.
-    min_interval: ClassVar[float | None] = None
-
-    def __init__(self, *, batch_size: int) -> None:
+    def __init__(
+        self, sweep: Sweep, *, batch_size: int, settings: Mapping[str, float] | None = None
+    ) -> None:
+        self.sweep = sweep
+        self.name = sweep.name  # the label of its count on the `scanned` line
         self.batch_size = batch_size
+        self.settings = settings
         self.last_run = float("-inf")
 
-    @abstractmethod
     def run_once(self, conn: Conn, now: datetime | None = None) -> int:
         """Handle one batch of due rows; returns how many changed."""
+        return self.sweep.batch(conn, batch_size=self.batch_size, now=now, settings=self.settings)
 
     def due(self, monotonic_now: float) -> bool:
-        return self.min_interval is None or monotonic_now - self.last_run >= self.min_interval
+        every = self.sweep.every
+        return every is None or monotonic_now - self.last_run >= every
 
-    def sweep(self, conn: Conn, pause: Callable[[float], None] = time.sleep) -> int:
+    def run(self, conn: Conn, pause: Callable[[float], None] = time.sleep) -> int:
         """Batches until one comes back short; logs only when something happened."""
         self.last_run = time.monotonic()
         total = 0

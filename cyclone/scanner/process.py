@@ -22,14 +22,9 @@ from cyclone.child.process import (
 )
 from cyclone.child.proctitle import scanner_title, set_title
 from cyclone.child.session import connect_briefly
+from cyclone.engine.sweeps import enabled_sweeps
 from cyclone.outage import OutageLog
-from cyclone.scanner.base import Sweep
-from cyclone.scanner.deadlines import DeadlineSweep
-from cyclone.scanner.leases import ExpiredLeaseSweep
-from cyclone.scanner.presence import StalePresenceSweep
-from cyclone.scanner.retention import RetentionSweep
-from cyclone.scanner.sleeps import SleepSweep
-from cyclone.scanner.waits import MaxWaitSweep
+from cyclone.scanner.base import Sweeper
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +44,14 @@ class ScannerOptions:
     statement_timeout: float = 30.0
 
 
-def make_sweeps(options: ScannerOptions) -> list[Sweep]:
-    """Deadlines first: a run past its deadline must fail before anything else touches it."""
-    sweeps: list[Sweep] = [
-        DeadlineSweep(batch_size=options.batch_size),
-        ExpiredLeaseSweep(batch_size=options.batch_size),
-        MaxWaitSweep(batch_size=options.batch_size),
-        SleepSweep(batch_size=options.batch_size),
-        StalePresenceSweep(batch_size=options.batch_size),
+def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
+    """The registry's sweeps (`cyclone.engine.sweeps.SWEEPS`) that these options enable, in
+    its order: a retention of 0 or less keeps finished runs forever."""
+    settings = {"retention": options.retention}
+    return [
+        Sweeper(sweep, batch_size=options.batch_size, settings=settings)
+        for sweep in enabled_sweeps(settings)
     ]
-    if options.retention > 0:
-        sweeps.append(RetentionSweep(batch_size=options.batch_size, retention=options.retention))
-    return sweeps
 
 
 class Scanner:
@@ -125,7 +116,7 @@ class Scanner:
             if not sweep.due(now):
                 continue
             try:
-                counts[sweep.name] = sweep.sweep(self.db(), pause=self.wakeup.wait)
+                counts[sweep.name] = sweep.run(self.db(), pause=self.wakeup.wait)
             except psycopg.OperationalError as exc:
                 # The database went away: the next pass reconnects; nothing is half-done,
                 # since every batch is one transaction. Logged once per outage, not per pass.

@@ -54,13 +54,13 @@ WITH kept AS (
                           AND a.ended_at = s.completed_at)
 )
 UPDATE cyclone_steps s
-   SET state = CASE WHEN s.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+   SET state = cyclone_kind_first_state(s.kind),
        attempt = 0, error = NULL, error_kind = NULL, output = NULL,
        completed_at = NULL, started_at = NULL, leased_by = NULL, child_run_id = NULL,
        lease_token = NULL, lease_expires_at = NULL,
        available_at = coalesce(%(now)s::timestamptz, now()),
        gated_at = coalesce(%(now)s::timestamptz, now()),
-       due_at = CASE WHEN s.kind IN ('wait', 'sleep')
+       due_at = CASE WHEN cyclone_kind_first_state(s.kind) = 'waiting'
                      THEN coalesce(%(now)s::timestamptz, now())
                           + make_interval(secs => g.due) END
   FROM unnest(%(nodes)s::text[], %(dues)s::float8[]) AS g (node, due)

@@ -1,6 +1,6 @@
 -- Operations: where the supervisors publish who runs what (read by `cyclone status` and
--- `cyclone workers` from any host), the gauges `/metrics` reads from the database, and the
--- sweep that forgets supervisors that died without saying goodbye.
+-- `cyclone workers` from any host) and the gauges `/metrics` reads from the database. The
+-- sweep that forgets supervisors that died without saying goodbye is in sweeps.sql.
 
 -- name: presence_publish
 -- One round trip a publish: the supervisor's row, its workers' rows (one per slot, from
@@ -47,35 +47,15 @@ ON CONFLICT (supervisor_id, slot) DO UPDATE
 
 -- name: presence_claim
 -- Run once on each new presence connection: a session lock named by the supervisor's id,
--- held for as long as that connection lives, which the stale sweep reads as "alive". (Behind
--- a transaction-mode pooler the lock stays with the server connection it landed on, so a
--- dead supervisor's rows may outlive it until the pooler closes that connection.)
+-- held for as long as that connection lives, which sweep_stale_supervisors (sweeps.sql) reads
+-- as "alive". (Behind a transaction-mode pooler the lock stays with the server connection it
+-- landed on, so a dead supervisor's rows may outlive it until the pooler closes that
+-- connection.)
 SELECT pg_advisory_lock(hashtext(current_schema() || '.cyclone_supervisors'), hashtext(%(id)s));
 
 -- name: presence_delete
 -- A supervisor leaving cleanly; its workers' rows go with it (ON DELETE CASCADE).
 DELETE FROM cyclone_supervisors WHERE id = %(id)s;
-
--- name: presence_delete_stale
--- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
--- by cascade, their workers. The table holds one row per supervisor, so no index is needed.
--- One whose presence connection still holds its lock (presence_claim) is alive, however long
--- its loop went without publishing: it stays.
-WITH due AS (
-    SELECT id FROM cyclone_supervisors
-     WHERE seen_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_after)s)
-       AND NOT EXISTS (
-           SELECT 1 FROM pg_locks l
-            WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
-              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-              AND l.classid = hashtext(current_schema() || '.cyclone_supervisors')::oid
-              AND l.objid = hashtext(cyclone_supervisors.id)::oid)
-     ORDER BY seen_at
-     LIMIT %(batch_size)s
-       FOR UPDATE SKIP LOCKED
-)
-DELETE FROM cyclone_supervisors s USING due WHERE s.id = due.id
-RETURNING s.id;
 
 -- name: metrics_gauges
 -- The gauges /metrics reads from the database, in one round trip. Every part uses a partial

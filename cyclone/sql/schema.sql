@@ -32,6 +32,16 @@ CREATE DOMAIN cyclone_error_kind AS text
     CHECK (VALUE IN ('error', 'timeout', 'crashed', 'lease_expired', 'deadline', 'max_wait',
                      'child_failed', 'cancelled'));
 
+-- What a node kind implies: the state its step starts in (and comes back to when the DLQ
+-- re-drives it), for every statement that makes or remakes steps. Waits and sleeps wait for
+-- their signal or their time; tasks, maps and child nodes are available to a worker. One
+-- expression, IMMUTABLE, not STRICT: the planner inlines it, so the callers' plans are those
+-- of the CASE written out in place. NodeKind.first_state (cyclone/states.py) says the same.
+CREATE FUNCTION cyclone_kind_first_state(kind text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Workflows and their graphs
 ------------------------------------------------------------------------------------------------
@@ -203,7 +213,8 @@ CREATE INDEX cyclone_signals_pending_idx ON cyclone_signals (run_id, name, id)
 ------------------------------------------------------------------------------------------------
 
 -- One row per live supervisor, refreshed every few seconds; rows not seen for a while are
--- supervisors that died (status shows them as lost; the scanner's retention removes them).
+-- supervisors that died (status shows them as lost; the scanner's stale_supervisors sweep
+-- removes them).
 CREATE TABLE cyclone_supervisors (
     id             text PRIMARY KEY,
     host           text NOT NULL,

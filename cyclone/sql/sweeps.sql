@@ -1,8 +1,9 @@
--- The scanner's sweeps. Each takes a batch of due rows, locks their runs with SKIP LOCKED (so
--- any number of scanners can run at once, and a run busy elsewhere is simply taken next time),
--- then changes the steps under a state guard. Runs are locked before steps, as everywhere.
+-- The scanner's sweeps, one block `sweep_<name>` each, named as in cyclone/engine/sweeps.py's
+-- SWEEPS. Each takes a batch of due rows, locks their runs with SKIP LOCKED (so any number of
+-- scanners can run at once, and a run busy elsewhere is simply taken next time), then changes
+-- the steps under a state guard. Runs are locked before steps, as everywhere.
 
--- name: run_fail_deadline_passed
+-- name: sweep_deadlines
 -- docs/run-deadlines.md, as SQL: running runs past deadline_at fail, and every available,
 -- running or waiting step is dead-lettered with kind deadline. Paused runs are not running: their
 -- deadline does not elapse.
@@ -40,7 +41,7 @@ SELECT (SELECT coalesce(array_agg(id), '{}') FROM failed) AS run_ids,
          WHERE child_run_id IS NOT NULL) AS child_run_ids,
        (SELECT count(*) FROM dead) AS steps;
 
--- name: lease_reclaim_expired
+-- name: sweep_expired_leases
 -- Leases nobody renewed: the holder's host is gone. Retried as lease_expired, or dead-lettered
 -- when it was the last attempt. Keyed on lease expiry only, never on how long a step has run.
 -- It reads every running step (cyclone_steps_running_idx): one per worker at most.
@@ -74,7 +75,7 @@ WITH due AS (
 )
 SELECT id, run_id, state FROM reclaimed;
 
--- name: wait_expire
+-- name: sweep_max_wait
 -- Waits and child nodes parked longer than their max_wait are dead-lettered.
 WITH due AS (
     -- Paused runs are filtered before the LIMIT, so their overdue gates never fill a batch.
@@ -106,7 +107,7 @@ WITH due AS (
 )
 SELECT id, run_id, child_run_id FROM expired;
 
--- name: sleep_wake
+-- name: sweep_sleeps
 -- Sleeps that are over complete; the caller then advances their runs.
 WITH due AS (
     -- Paused runs are filtered before the LIMIT, so their overdue gates never fill a batch.
@@ -126,11 +127,32 @@ UPDATE cyclone_steps s
  WHERE s.id = due.id AND s.state = 'waiting'
 RETURNING s.id, s.run_id, s.node;
 
--- name: run_delete_finished
+-- name: sweep_retention
 -- Retention: finished top-level runs older than the retention go, with their child runs,
 -- signals and steps. The function (migration 9) runs with the migrating role's rights, so the
 -- runtime role deletes history only this way. Returns the number of top-level runs deleted.
 SELECT cyclone_delete_finished(%(retention)s, %(batch_size)s, %(now)s::timestamptz) AS deleted;
+
+-- name: sweep_stale_supervisors
+-- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
+-- by cascade, their workers. The table holds one row per supervisor, so no index is needed.
+-- One whose presence connection still holds its lock (presence_claim) is alive, however long
+-- its loop went without publishing: it stays.
+WITH due AS (
+    SELECT id FROM cyclone_supervisors
+     WHERE seen_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_after)s)
+       AND NOT EXISTS (
+           SELECT 1 FROM pg_locks l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+              AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+              AND l.classid = hashtext(current_schema() || '.cyclone_supervisors')::oid
+              AND l.objid = hashtext(cyclone_supervisors.id)::oid)
+     ORDER BY seen_at
+     LIMIT %(batch_size)s
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM cyclone_supervisors s USING due WHERE s.id = due.id
+RETURNING s.id;
 
 -- name: next_time_gate
 -- The earliest moment something becomes due (for the test harness's clock).

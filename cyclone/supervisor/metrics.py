@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cyclone.child.channel import ExitCode, Scanned
+from cyclone.engine.sweeps import SWEEPS
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
 from cyclone.supervisor.gauges import DatabaseGauges
 
@@ -34,8 +35,10 @@ log = logging.getLogger(__name__)
 # A scrape is served inside the supervisor's loop: a client that connects and then stalls
 # may hold the loop up for at most this long.
 IO_TIMEOUT = 0.25
-# The scanner's sweeps whose rows are runs failed, by the reason they failed for.
-RUNS_FAILED_BY = {"deadlines": "deadline", "max_wait": "max_wait"}
+# The scanner's sweeps whose rows are runs failed, by the reason they failed for, and those
+# whose rows are expired leases reclaimed (declared in cyclone/engine/sweeps.py).
+RUNS_FAILED_BY = {s.name: str(s.runs_failed) for s in SWEEPS if s.runs_failed is not None}
+LEASES_RECLAIMED_BY = tuple(s.name for s in SWEEPS if s.leases_reclaimed)
 
 
 class Metrics:
@@ -109,9 +112,10 @@ class Metrics:
 
     def scanned(self, report: Scanned) -> None:
         counts = report.counts if isinstance(report.counts, dict) else {}
-        expired = counts.get("expired_leases")
-        if isinstance(expired, int) and expired > 0:
-            self.lease_expirations.inc(expired)
+        for sweep in LEASES_RECLAIMED_BY:
+            expired = counts.get(sweep)
+            if isinstance(expired, int) and expired > 0:
+                self.lease_expirations.inc(expired)
         for sweep, reason in RUNS_FAILED_BY.items():
             failed = counts.get(sweep)
             if isinstance(failed, int):

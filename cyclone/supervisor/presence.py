@@ -16,9 +16,9 @@ reported it lost, then the scanner removed it. So once MAX_SILENCE has passed si
 publish, the next one goes out whatever kill is near, which can hold that kill up by at most
 the statement's timeout (a connect's, if the connection was lost).
 
-A clean exit deletes the rows; a supervisor that died leaves them to the scanner's presence
-sweep, which removes rows not seen for STALE_AFTER, except those of a supervisor whose
-presence connection still holds its lock (`presence_claim`): one that is alive.
+A clean exit deletes the rows; a supervisor that died leaves them to the scanner's
+`stale_supervisors` sweep, which removes rows not seen for STALE_AFTER, except those of a
+supervisor whose presence connection still holds its lock (`presence_claim`): one that is alive.
 """
 
 from __future__ import annotations
