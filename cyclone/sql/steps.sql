@@ -207,7 +207,7 @@ WITH c AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
                                signal, available_at, due_at, created_at)
     SELECT done.run_id, done.workflow, n.node, n.kind,
-           CASE WHEN n.kind IN ('wait', 'sleep') THEN 'waiting' ELSE 'available' END,
+           cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
