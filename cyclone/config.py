@@ -149,7 +149,8 @@ SETTINGS: tuple[Setting, ...] = (
             "Replace a worker after this many steps, to bound leaks; 0 never recycles."),
     Setting("supervisor", "dispatch", BOOL, True, None,
             "Lease for the idle workers and record the tasks they finished in one statement "
-            "for all of them; false: each worker leases and records on its own session."),
+            "for all of them; false: each worker leases and records on its own session. Off "
+            "when [database] prepared_statements is false."),
     Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
             "A lease not renewed for this long expires, and the scanner reclaims its step."),
     Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,

@@ -72,6 +72,13 @@ def arbiter_config(settings: Settings) -> ArbiterConfig:
     )
 
 
+def dispatching(settings: Settings) -> bool:
+    """Whether the supervisor leases for its workers (supervisor/dispatch.py). Not without
+    prepared statements (behind a transaction pooler): its statement, planned anew at every
+    call, would cost more than it saves."""
+    return settings.supervisor.dispatch and settings.database.prepared_statements
+
+
 @dataclass(frozen=True)
 class ChildBuilder:
     """Builds each child's object in the supervisor, before the fork (gunicorn's contract)."""
@@ -88,7 +95,7 @@ class ChildBuilder:
             heartbeat_interval=self.settings.worker.heartbeat_interval,
             poll_interval=self.settings.worker.poll_interval,
             max_steps=self.settings.supervisor.max_steps_per_worker,
-            dispatch=self.settings.supervisor.dispatch,
+            dispatch=dispatching(self.settings),
         )
         return Worker(options, self.registry, parent=os.getpid()).run
 
@@ -231,7 +238,7 @@ class Supervisor:
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
                 self.presence.mark_changed()
-                if not self.settings.supervisor.dispatch:
+                if not dispatching(self.settings):
                     # Workers that lease for themselves only report: their lines may wait.
                     self.coalesce_until = time.monotonic() + COALESCE
         # Workers that wait for their next step wait for this: answered before anything else.
