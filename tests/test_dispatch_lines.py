@@ -1,0 +1,61 @@
+"""The `want` and `given` lines of the channel, as the worker and the supervisor write them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cyclone.child import channel
+from cyclone.engine.dispatch import lease_of
+from cyclone.supervisor.dispatch import given_line
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def row(input, item) -> dict:
+    return {
+        "worker": 1, "id": 7, "available_at": "2026-12-01T10:00:00+00:00",
+        "run_id": "0c6e1f43-5d0e-4c57-9a0e-8c3b5c2f8f11", "workflow": "w", "node": "n",
+        "kind": "task", "item_index": None, "item": item, "attempt": 1, "max_attempts": 3,
+        "lease_token": "5d2a5f0e-1111-4a57-9a0e-8c3b5c2f8f11", "input": input,
+        "deadline_at": "2026-12-01T11:00:00+00:00", "graph_hash": "abc",
+        "parent_run_id": None, "kill_after": 300.0, "deadline_left": 3600.0,
+    }  # fmt: skip
+
+
+@given(input=json_values, item=json_values)
+def test_a_lease_crosses_the_channel_whole(input, item) -> None:
+    line = given_line(True, row(input, item), 123.5)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    message = channel.decode(line)
+    assert isinstance(message, channel.Given)
+    assert (message.recorded, message.since, message.own) == (True, 123.5, False)
+    lease = lease_of(message.lease, 30.0)
+    assert (lease.input, lease.item, lease.step_id, lease.attempt) == (input, item, 7, 1)
+    assert lease.deadline_at == datetime(2026, 12, 1, 11, tzinfo=UTC)
+
+
+def test_an_answer_without_a_lease_says_what_became_of_the_finished_step() -> None:
+    for recorded in (True, False, None):
+        message = channel.decode(given_line(recorded, None, 1.0))
+        assert isinstance(message, channel.Given)
+        assert (message.recorded, message.lease) == (recorded, None)
+
+
+def test_a_want_line_decodes_with_its_finished_task() -> None:
+    line = (
+        b'want {"lease":true,"duration":0.25,"finished":{"step_id":7,"token":"t",'
+        b'"run_id":"r","last":false,"next":[{"node":"b"}],"output":{"x":[1,2]}}}\n'
+    )
+    message = channel.decode(line)
+    assert message == channel.Want(
+        lease=True, duration=0.25,
+        finished={"step_id": 7, "token": "t", "run_id": "r", "last": False,
+                  "next": [{"node": "b"}], "output": {"x": [1, 2]}},
+    )  # fmt: skip
