@@ -17,7 +17,8 @@ import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # plan_probe.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "db"))
 
 import test_plans
 from plan_probe import probe
