@@ -100,7 +100,7 @@ def wait_drained(env: TestEnv, sup: Supervisor, stall: float = 60.0) -> None:
         if writes != last:
             last, since = writes, now
         if sup.popen.poll() is not None or now - since > stall:
-            tail = Path(sup.log.name).read_text(errors="replace")[-3000:]
+            tail = sup.log()[-3000:]
             raise RuntimeError(f"no progress; supervisor log:\n{tail}")
         time.sleep(0.2)
 

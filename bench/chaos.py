@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import os
 import random
 import re
@@ -59,6 +58,10 @@ from typing import Any
 
 import cyclone
 
+# The ledger's reader and overlap check are the freeze tests' (tests/process/ledger.py).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "process"))
+from ledger import LEDGER, overlaps, read_ledger
+
 # -- the workflows (the supervisors import this file as the module `chaos`) -----------------------
 
 
@@ -72,7 +75,7 @@ def _work(ctx: cyclone.StepContext) -> int:
     fails = ctx.attempt == 1 and rng.random() < spec.get("fail", 0.0)
     fd = None
     if spec.get("dir"):
-        path = Path(spec["dir"]) / "ledger.log"
+        path = Path(spec["dir"]) / LEDGER
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         _line(fd, ctx)
@@ -606,33 +609,6 @@ def _db_error(exc: BaseException) -> bool:
 # -- the checks --------------------------------------------------------------------------------
 
 
-def read_ledger(path: Path) -> dict[int, dict[int, tuple[float, float, int]]]:
-    """step -> attempt -> (first line, last line, pid)."""
-    steps: dict[int, dict[int, tuple[float, float, int]]] = {}
-    if not path.exists():
-        return steps
-    for line in path.read_text().splitlines():
-        parts = line.split()
-        if len(parts) != 4:
-            continue  # a line cut by a SIGKILL mid-write
-        step, attempt, pid, at = int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3])
-        attempts = steps.setdefault(step, {})
-        first, last, _ = attempts.get(attempt, (at, at, pid))
-        attempts[attempt] = (min(first, at), max(last, at), pid)
-    return steps
-
-
-def overlaps(steps: dict[int, dict[int, tuple[float, float, int]]]) -> list[str]:
-    found = []
-    for step, attempts in steps.items():
-        spans = sorted(attempts.items(), key=lambda kv: kv[1][0])
-        for (a, (_, a_end, a_pid)), (b, (b_start, _, b_pid)) in itertools.pairwise(spans):
-            if b_start <= a_end:
-                found.append(f"step {step}: attempt {b} (pid {b_pid}) started at {b_start:.3f},"
-                             f" before attempt {a} (pid {a_pid}) ended at {a_end:.3f}")  # fmt: skip
-    return found
-
-
 CHECKS = {
     "runs missing": """
         SELECT count(*) FROM unnest(%(ids)s::uuid[]) i WHERE NOT EXISTS
@@ -694,7 +670,7 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
         if state == "cancelled" and run_id not in chaos.cancelled:
             unexpected.append(f"{run_id} ({kind}) cancelled, not by the bench")
     violations["runs ended otherwise than expected"] = len(unexpected)
-    ledger = read_ledger(chaos.tmp / "ledger.log")
+    ledger = read_ledger(chaos.tmp)
     found = overlaps(ledger)
     violations["overlapping attempts"] = len(found)
     attempts = db.rows("""

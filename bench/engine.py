@@ -460,7 +460,7 @@ def show_plans(env: TestEnv, shape: int) -> None:
     print("  " + custom.replace("\n", "\n  "))
     for name, plan in (("custom", custom), ("generic", generic)):
         # The candidate scan is cyclone_lease_candidate, whose settings pin its plan (migration
-        # 7; tests/test_plans.py checks what it reads).
+        # 7; tests/db/test_plans.py checks what it reads).
         assert "cyclone_lease_candidate" in plan, f"{name} lease plan skips the function:\n{plan}"
     rows = env.conn.execute("EXPLAIN " + BL_LEASE, ("explain",)).fetchall()
     plan = "\n".join(r["QUERY PLAN"] for r in rows)

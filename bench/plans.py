@@ -2,7 +2,7 @@
 
     python bench/plans.py [--backlog 20000]
 
-The same cases as tests/test_plans.py, printed instead of asserted: a burst submitted through
+The same cases as tests/db/test_plans.py, printed instead of asserted: a burst submitted through
 the public API on tables never analyzed, analyzed while empty, analyzed with a history of
 finished runs and an empty queue, and analyzed after the burst. Each statement is explained
 as a prepared statement runs it (custom and generic plan; the larger figure is shown), in a
@@ -17,7 +17,8 @@ import sys
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # plan_probe.py
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "db"))
 
 import test_plans
 from plan_probe import probe

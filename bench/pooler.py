@@ -30,10 +30,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,6 +39,7 @@ from typing import Any
 
 import psycopg
 from engine import SHAPES, bench_database, revision
+from launch import Supervisor
 
 from cyclone.client import Client
 from cyclone.testing import TestEnv, server_dsn
@@ -83,41 +80,10 @@ SELECT coalesce(application_name, '') AS app, count(*) AS n FROM pg_stat_activit
 """
 
 
-class Supervisor:
-    def __init__(self, dsn: str, tmp: Path, name: str, workers: int, prepared: bool) -> None:
-        path = tmp / f"{name}.toml"
-        path.write_text(CONFIG.format(workers=workers, prepared="true" if prepared else "false"))
-        sock_path = str(tmp / f"{name}.sock")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(sock_path)
-        self.sock.settimeout(60)
-        environ = dict(
-            os.environ, CYCLONE_DATABASE_URL=dsn, NOTIFY_SOCKET=sock_path,
-            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        )  # fmt: skip
-        self.log_path = tmp / f"{name}.log"
-        with self.log_path.open("wb") as log:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "cyclone.supervisor", "--config", str(path)],
-                env=environ, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def wait_ready(self) -> float:
-        while not self.sock.recv(4096).startswith(b"READY=1"):
-            pass
-        return time.time()
-
-    def stop(self) -> None:
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self.sock.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+def start_supervisor(dsn: str, tmp: Path, name: str, workers: int, prepared: bool) -> Supervisor:
+    """Started, not yet waited for: the drain is timed from the first READY=1 of them all."""
+    config = CONFIG.format(workers=workers, prepared="true" if prepared else "false")
+    return Supervisor(dsn, tmp, config, name, wait=False)
 
 
 class Sampler(threading.Thread):
@@ -156,7 +122,7 @@ def drain(base: str, mode: str, args: argparse.Namespace, tmp: Path) -> dict[str
         sampler = Sampler(base, exclude=env.conn.info.backend_pid)
         sampler.start()
         sups = [
-            Supervisor(dsn, tmp, f"{mode}-{i}", args.workers, prepared=mode in PREPARED)
+            start_supervisor(dsn, tmp, f"{mode}-{i}", args.workers, prepared=mode in PREPARED)
             for i in range(args.supervisors)
         ]
         try:

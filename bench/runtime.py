@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import engine
+import launch
 from engine import (
     SHAPES,
     Meter,
@@ -102,49 +100,19 @@ level = "warning"
 """
 
 
-class Supervisor:
-    """A cyclone-supervisor subprocess on `dsn`, started and waited for through NOTIFY_SOCKET."""
+class Supervisor(launch.Supervisor):
+    """A cyclone-supervisor subprocess on `dsn` with CONFIG, its READY=1 awaited."""
 
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
         options = {
             "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
             "max_steps": "0", "modules": '"runtime"', "dispatch": "true", **config,
         }  # fmt: skip
-        path = tmp / "bench.toml"
-        path.write_text(CONFIG.format(workers=workers, **options))
-        sock_path = str(tmp / "notify.sock")
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.bind(sock_path)
-        self.sock.settimeout(60)
-        environ = dict(
-            os.environ, CYCLONE_DATABASE_URL=dsn, NOTIFY_SOCKET=sock_path,
-            PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-        )  # fmt: skip
-        self.log = (tmp / "supervisor.log").open("wb")
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "cyclone.supervisor", "--config", str(path)],
-            env=environ, stdout=self.log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        while not self.sock.recv(4096).startswith(b"READY=1"):
-            pass
-        self.ready_wall = time.time()
-
-    def children(self) -> list[int]:
-        text = Path(f"/proc/{self.popen.pid}/task/{self.popen.pid}/children").read_text()
-        return [int(p) for p in text.split()]
+        super().__init__(dsn, tmp, CONFIG.format(workers=workers, **options))
+        self.ready_wall: float
 
     def workers(self) -> list[int]:
         return [p for p in self.children() if cmdline(p).startswith("cyclone worker")]
-
-    def stop(self) -> None:
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(30)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        self.sock.close()
-        self.log.close()
 
 
 def cmdline(pid: int) -> str:
@@ -184,7 +152,7 @@ def wait_completed(
             if done != last:
                 last, since = done, now
         if sup.popen.poll() is not None or now - since > 60:
-            tail = Path(sup.log.name).read_text(errors="replace")[-3000:]
+            tail = sup.log()[-3000:]
             raise RuntimeError(f"no progress at {last}/{runs} runs; supervisor log:\n{tail}")
         time.sleep(interval)
 

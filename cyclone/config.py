@@ -2,7 +2,7 @@
 
 `SETTINGS` is the single source of defaults, types, checks and docs: the section dataclasses,
 `load_config` and `render_example` (config/cyclone.example.toml) all read it, so a key cannot be
-documented in one place and forgotten in another; tests/test_config.py checks they agree.
+documented in one place and forgotten in another; tests/unit/test_config.py checks they agree.
 """
 
 from __future__ import annotations

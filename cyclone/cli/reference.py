@@ -2,7 +2,7 @@
 
     python -m cyclone.cli.reference > docs/cli.md
 
-The page is this module's output; tests/test_cli_reference.py holds the file to it, so a new
+The page is this module's output; tests/unit/test_cli_reference.py holds the file to it, so a new
 command, option or help text that is not in the page fails the suite until the page is made
 again. The text around the generated part lives here too (INTRO, OUTRO).
 """
@@ -22,7 +22,7 @@ INTRO = """\
 # The command line
 
 <!-- Made by `python -m cyclone.cli.reference > docs/cli.md`: edit cyclone/cli/reference.py
-or the commands' help texts, not this file. tests/test_cli_reference.py checks it. -->
+or the commands' help texts, not this file. tests/unit/test_cli_reference.py checks it. -->
 
 Two programs: `cyclone`, the operator's command line, and `cyclone-supervisor`, the process
 that runs workers and a scanner on a host (docs/operators.md says how to deploy it).

@@ -1,7 +1,7 @@
 -- Cyclone's schema as it stands after the last migration: read this file to learn the tables.
 --
 -- The database is changed only by the numbered files in migrations/ (`cyclone migrate`), never
--- by this file; it exists for readers, and tests/test_schema.py holds it to a freshly migrated
+-- by this file; it exists for readers, and tests/db/test_schema.py holds it to a freshly migrated
 -- database, object by object (columns with their order, types, defaults and nullability;
 -- constraints; indexes; functions; triggers; views). A migration that changes the schema must
 -- change this file too. The loader of named statements (cyclone/sql/__init__.py) skips it.
@@ -254,7 +254,7 @@ CREATE TABLE cyclone_workers (
 -- cyclone_runs_rules as the constraint, and the detail lists the rules broken. A rule on a
 -- NULL is not broken (as a CHECK passes on NULL), so a NULL in a NOT NULL column reaches that
 -- constraint, which names the column. Each rule is written twice, as a condition in the
--- fast test and as the text naming it: tests/test_schema.py holds both to one model. Like every
+-- fast test and as the text naming it: tests/db/test_schema.py holds both to one model. Like every
 -- trigger, these do not fire while session_replication_role is `replica`.
 ------------------------------------------------------------------------------------------------
 

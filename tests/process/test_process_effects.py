@@ -16,9 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from proc_helpers import children, completed, wait_for
-from test_process_freeze import LEASES, TTL
-from test_process_outages import private_server, restart  # noqa: F401 (a fixture)
+from proc_helpers import LEASES, TTL, children, completed, restart, wait_for
 
 from cyclone.client import Client
 from cyclone.states import RunState
@@ -124,7 +122,7 @@ def test_effects_happen_once_when_a_whole_host_freezes_and_another_takes_over(
 
 def test_effects_happen_once_across_a_postgres_restart(
     supervisor,
-    private_server,  # noqa: F811
+    private_server,
 ) -> None:
     from proc_flows import effects
 

@@ -8,7 +8,6 @@ step may overlap, whatever froze.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import random
 import re
@@ -18,47 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from proc_helpers import alive, completed, wait_for
+from ledger import overlaps, read_ledger
+from proc_helpers import LEASES, TTL, alive, completed, wait_for
 
 pytestmark = pytest.mark.process
-
-# Short leases so that a freeze outlives one quickly: the lease is acted on for 1.5 s after
-# each renewal (lease_ttl - heartbeat_interval), and the scanner reclaims within 0.1 s of a
-# lapse. A long kill_grace, as the chaos soak that found the overlap had: no kill of a worker
-# whose lease may lapse may wait for it (with a silent kill at lease_ttl after SIGTERM and a
-# grace, as before, this test saw overlaps).
-LEASES = {
-    "worker__lease_ttl": '"2s"', "worker__heartbeat_interval": '"500ms"',
-    "scanner__interval": '"100ms"', "supervisor__kill_grace": '"1s"',
-}  # fmt: skip
-TTL = 2.0
-
-
-def read_ledger(tmp: Path) -> dict[int, dict[int, tuple[float, float, int]]]:
-    """step -> attempt -> (first line, last line, pid)."""
-    steps: dict[int, dict[int, tuple[float, float, int]]] = {}
-    path = tmp / "ledger.log"
-    if not path.exists():
-        return steps
-    for line in path.read_text().splitlines():
-        step, attempt, pid, at = line.split()
-        attempts = steps.setdefault(int(step), {})
-        first, last, _ = attempts.get(int(attempt), (float(at), float(at), int(pid)))
-        attempts[int(attempt)] = (min(first, float(at)), max(last, float(at)), int(pid))
-    return steps
-
-
-def overlaps(steps: dict[int, dict[int, tuple[float, float, int]]]) -> list[str]:
-    found = []
-    for step, attempts in steps.items():
-        spans = sorted(attempts.items(), key=lambda kv: kv[1][0])
-        for (a, (_, a_end, a_pid)), (b, (b_start, _, b_pid)) in itertools.pairwise(spans):
-            if b_start <= a_end:
-                found.append(
-                    f"step {step}: attempt {b} (pid {b_pid}) started at {b_start:.3f}, before "
-                    f"attempt {a} (pid {a_pid}) wrote its last line at {a_end:.3f}"
-                )
-    return found
 
 
 def busy_workers(tmp: Path, workers: list[int], within: float = 0.1) -> list[int]:

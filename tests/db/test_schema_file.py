@@ -165,7 +165,7 @@ def test_the_comparison_notices_a_schema_change_missing_from_the_file(schemas, c
 
 def _documented_columns(view: str) -> list[str]:
     """The column names in the first cell of each row of docs/sql.md's table for `view`."""
-    page = (Path(__file__).resolve().parent.parent / "docs" / "sql.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "sql.md").read_text()
     section = page.split(f"## `{view}`", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     return [name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])]

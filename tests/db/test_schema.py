@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import cyclone
 from cyclone.db import connect
 from cyclone.migrate import latest_version, migrate
-from cyclone.sql import QUERIES, migrations, parse_queries
+from cyclone.sql import QUERIES, migrations
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
 from cyclone.testing import TestEnv
 
@@ -327,12 +327,6 @@ def test_rows_that_keep_every_rule_are_accepted(env: TestEnv):
     assert env.client.get_run(run_id).state == RunState.FAILED
 
 
-def test_every_named_query_is_unique_and_nonempty():
-    assert QUERIES and all(body.strip() for body in QUERIES.values())
-    with pytest.raises(ValueError, match="twice"):
-        parse_queries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
-
-
 def test_migration_4_drops_the_child_run_index_and_keeps_the_rest(env: TestEnv):
     names = {r["indexname"] for r in env.conn.execute(
         "SELECT indexname FROM pg_indexes"
@@ -342,36 +336,9 @@ def test_migration_4_drops_the_child_run_index_and_keeps_the_rest(env: TestEnv):
     assert "cyclone_steps_node_idx" in names and "cyclone_steps_available_idx" in names
 
 
-def test_statements_are_sent_without_comments_and_short_enough_for_psycopg_to_cache():
-    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH  # its parse cache's limit
-
-    from cyclone.sql import without_comments
-
-    assert without_comments({"a": "-- why\nSELECT 1 -- not a line comment\n  -- how\nFROM t"}) == {
-        "a": "-- cyclone: a\nSELECT 1 -- not a line comment\nFROM t"
-    }
-    for name, body in QUERIES.items():
-        assert body.startswith(f"-- cyclone: {name}\n")
-        assert not re.search(r"\n[ \t]*--", body), name
-        # Longer, psycopg would parse its placeholders again on every execution.
-        assert len(body.encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
-
-
 def test_connect_gives_autocommit_dict_rows(env: TestEnv):
     with connect(env.dsn) as conn:
         assert conn.autocommit
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
 
 
-def test_fragments_are_included_once_and_an_unknown_one_is_an_error():
-    from cyclone.sql import resolve_includes
-
-    blocks = {
-        "_tail": "SELECT 1;",
-        "a": "-- include: _tail",
-        "b": "WITH x AS (SELECT 2)\n-- include: _tail",
-    }
-    assert resolve_includes(blocks) == {"a": "SELECT 1;", "b": "WITH x AS (SELECT 2)\nSELECT 1;"}
-    with pytest.raises(ValueError, match="no such fragment"):
-        resolve_includes({"a": "-- include: _missing"})
-    assert not any(name.startswith("_") for name in QUERIES)

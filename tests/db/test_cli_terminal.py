@@ -16,10 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from rich.console import Console
-from test_cli_support import (
+from cli_support import (
     SECRET,
     approve,
     deadline_killed,
@@ -28,6 +25,9 @@ from test_cli_support import (
     fragile,
     run_cli,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.console import Console
 
 import cyclone
 from cyclone.cli.runs import SUMMARY_OVER

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cyclone.cli.reference import commands, own_actions, render
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def test_every_subcommand_has_its_section_in_docs_cli_md():

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from cli_support import approve, deadline_killed, failed_run, fingerprint, fragile, run_cli
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from test_cli_support import approve, deadline_killed, failed_run, fingerprint, fragile, run_cli
 
 from cyclone.durations import parse_duration
 from cyclone.states import ErrorKind

@@ -11,8 +11,8 @@ import re
 from datetime import timedelta
 
 import pytest
+from cli_support import approve, deadline_killed, failed_run, run_cli
 from rich.console import Console
-from test_cli_support import approve, deadline_killed, failed_run, run_cli
 
 from cyclone import engine
 from cyclone.status import take_snapshot
@@ -152,7 +152,7 @@ def test_the_live_screen_on_an_80x24_terminal_is_the_compact_one(cenv):
     import sys
     import termios
 
-    from test_cli_process import clean_env, read_until, stop
+    from pty_helpers import clean_env, read_until, stop
 
     seeded = seed(cenv, busy=30, idle=0, lost=1)
     primary, secondary = pty.openpty()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 
 import psycopg
-import pytest
-from test_supervisor_decisions import FakeClock, Harness
+from fakes import FakeClock, Harness
 
 from cyclone.child import channel
 from cyclone.outage import REMIND_EVERY, OutageLog
@@ -95,8 +94,3 @@ def test_an_outage_is_logged_once_then_every_half_minute_then_its_end(caplog) ->
     outage.failed(DOWN)
     assert caplog.records[-1].getMessage().endswith("database unavailable: connection refused")
     assert len(caplog.records) == 4
-
-
-@pytest.fixture
-def h() -> Harness:
-    return Harness()

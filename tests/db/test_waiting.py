@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
+from cli_support import run_cli
 from client_faces import KINDS, make
-from test_cli_support import run_cli
 
 import cyclone
 from cyclone import waiting

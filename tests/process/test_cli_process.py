@@ -1,24 +1,23 @@
-"""The `cyclone` console script as operators run it: in a pipe, and on a (pseudo-)terminal."""
+"""The `cyclone` console script as operators run it: in a pipe, and on a (pseudo-)terminal;
+and `python -m cyclone.config --example`."""
 
 from __future__ import annotations
 
-import os
-import pty
 import re
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from test_cli_support import ANSI, SECRET, approve, deadline_killed
+from cli_support import ANSI, SECRET, approve, deadline_killed
+from pty_helpers import clean_env, read_until, spawn_on_pty, stop
 
+from cyclone.config import render_example
 from cyclone.testing import TestEnv
 
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = shutil.which("cyclone", path=str(Path(sys.executable).parent)) or "cyclone"
 # SGR sequences that set a colour: 30-37, 90-97 (fg), 40-47, 100-107 (bg), 38;/48; (extended).
 _SGR = re.compile(r"\x1b\[([0-9;]*)m")
@@ -31,13 +30,6 @@ def colours(text: str) -> list[str]:
         if any(30 <= c <= 49 or 90 <= c <= 107 for c in codes):
             found.append(params)
     return found
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
-    env.pop("CYCLONE_DATABASE_URL", None)
-    env.update(extra)
-    return env
 
 
 @pytest.fixture
@@ -97,49 +89,6 @@ def test_status_piped_to_cat_prints_once_without_ansi(cenv):
     assert not ANSI.search(out.stdout)
 
 
-def read_until(fd: int, pattern: str, seen: bytearray, timeout: float) -> bool:
-    """Read the pty into `seen` until `pattern` occurs `count` times or time runs out."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # the child closed the terminal
-                return pattern.encode() in seen
-            if not chunk:
-                break
-            seen += chunk
-        if re.search(pattern.encode(), bytes(seen)):
-            return True
-    return False
-
-
-def spawn_on_pty(cenv: TestEnv, *argv: str, **env: str) -> tuple[subprocess.Popen[bytes], int]:
-    primary, secondary = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cyclone.cli", "--dsn", cenv.dsn, *argv],
-        stdin=secondary,
-        stdout=secondary,
-        stderr=secondary,
-        env=clean_env(TERM="xterm-256color", COLUMNS="160", LINES="60", **env),
-        close_fds=True,
-    )
-    os.close(secondary)
-    return proc, primary
-
-
-def stop(proc: subprocess.Popen[bytes], primary: int, seen: bytearray) -> int:
-    proc.send_signal(signal.SIGINT)
-    # Keep reading so the child never blocks on a full terminal buffer while it exits.
-    end = time.monotonic() + 15
-    while proc.poll() is None and time.monotonic() < end:
-        read_until(primary, "$^", seen, 0.2)
-    code = proc.wait(timeout=5)
-    os.close(primary)
-    return code
-
-
 def test_status_on_a_terminal_is_a_live_screen_that_ctrl_c_leaves_with_0(cenv):
     cenv.client.submit(approve, {}, run_deadline=timedelta(minutes=5))
     proc, primary = spawn_on_pty(cenv, "status", "--interval", "500ms")
@@ -164,3 +113,14 @@ def test_no_color_keeps_colour_off_the_live_screen(cenv):
     finally:
         code = stop(proc, primary, seen)
     assert code == 0 and colours(seen.decode(errors="replace")) == []
+
+
+def test_python_m_cyclone_config_example_prints_the_example() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "cyclone.config", "--example"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out == render_example()

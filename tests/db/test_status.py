@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from test_cli_support import ANSI, approve, deadline_killed, failed_run, fingerprint, run_cli
+from cli_support import ANSI, approve, deadline_killed, failed_run, fingerprint, run_cli
 
 from cyclone import engine
 from cyclone.status import LOST_AFTER, take_snapshot

@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from test_cli_support import (
+from cli_support import (
     SECRET,
     approve,
     deadline_killed,
@@ -306,7 +306,7 @@ def test_dlq_retry_with_a_deadline_re_drives_the_run_to_completion(capsys, cenv)
 
 
 def test_dlq_retry_json_and_refusals(capsys, cenv):
-    from test_cli_support import BROKEN
+    from cli_support import BROKEN
 
     run_id = failed_run(cenv)
     [step] = cenv.client.steps(run_id)

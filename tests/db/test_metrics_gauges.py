@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from fakes import FakeClock
 from prometheus_client import CollectorRegistry, generate_latest
 
 import cyclone
@@ -28,14 +29,6 @@ def scrape(collector: DatabaseGauges) -> str:
     return generate_latest(registry).decode()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_dlq_depth_and_active_runs_are_read_from_the_database_and_cached() -> None:
     with TestEnv(workflows=[wf]) as env:
         failed = [env.client.submit(wf, {"fail": True}) for _ in range(2)]
@@ -43,7 +36,7 @@ def test_dlq_depth_and_active_runs_are_read_from_the_database_and_cached() -> No
         paused = env.client.submit(wf, {})
         env.client.pause(paused)
         env.client.submit(wf, {})  # running, its step not yet run
-        clock = Clock()
+        clock = FakeClock()
         gauges = DatabaseGauges(lambda: connect_briefly(env.dsn), clock=clock)
         text = scrape(gauges)
         assert "cyclone_db_up 1.0" in text
@@ -65,7 +58,7 @@ def test_a_scrape_with_the_database_down_succeeds_and_says_db_up_0() -> None:
         calls.append(1)
         return connect_briefly("postgresql://nobody@127.0.0.1:1/x?connect_timeout=2")
 
-    clock = Clock()
+    clock = FakeClock()
     gauges = DatabaseGauges(unreachable, clock=clock)
     text = scrape(gauges)  # registering describes, it does not query
     assert "cyclone_db_up 0.0" in text
@@ -89,7 +82,7 @@ def test_scanner_reports_become_counters_and_the_last_scan_gauge() -> None:
     assert 'cyclone_worker_kills_total{reason="deadline"} 0.0' in text
 
 
-def age_gauges(gauges: DatabaseGauges, clock: Clock) -> tuple[float, float]:
+def age_gauges(gauges: DatabaseGauges, clock: FakeClock) -> tuple[float, float]:
     clock.now += 60  # past the cache: a new reading
     text = scrape(gauges)
     return sample(text, "cyclone_db_oldest_xact_age_seconds"), sample(text, "cyclone_db_xid_age")
@@ -110,7 +103,7 @@ def test_the_oldest_open_transaction_and_the_xid_age_are_exported_from_one_cheap
                       WHERE datname = current_database())::float8 AS xids
                FROM pg_stat_activity WHERE pid = %s"""
     with TestEnv() as env, plain(env.dsn) as holder:
-        clock = Clock()
+        clock = FakeClock()
         gauges = DatabaseGauges(lambda: connect_briefly(env.dsn), clock=clock)
         idle_age, _ = age_gauges(gauges, clock)
         holder.execute("SELECT txid_current()")  # a transaction left open, as a stuck client's

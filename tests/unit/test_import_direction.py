@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "cyclone"
+PACKAGE = Path(__file__).resolve().parents[2] / "cyclone"
 
 # The packages above the engine; a module of the engine (cyclone/engine, cyclone/sql, the
 # modules at cyclone/'s top) may import none of them.
