@@ -3,13 +3,15 @@
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
                             [--only throughput,kills,memory,respawns,cpu] [--strip]
-                            [--dsn DSN]
+                            [--dispatch true|false|true,false] [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the `finished_at` of the last run,
   read on the database clock once every run is done (polled every 200 ms). The minimal
   baseline loop of bench/engine.py runs on the same server in the same run, with the same N
-  forked processes, and the ratio is supervisor / baseline. `--reps` repeats every config,
+  forked processes, and the ratio is supervisor / baseline. `--dispatch true,false` runs
+  each config with the supervisor leasing for its workers and with each worker leasing on
+  its own ([supervisor] dispatch). `--reps` repeats every config,
   interleaved, and reports medians.
 * kills: a handler that ignores ctx.done and SIGTERM, killed at its run's deadline, on cancel
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
@@ -61,6 +63,8 @@ import cyclone
 from cyclone.testing import TestEnv, server_dsn
 
 HERE = Path(__file__).resolve().parent
+# [supervisor] dispatch of every supervisor this script starts (--dispatch sets it per config).
+DISPATCH = "true"
 
 bench_1step, bench_5step = SHAPES[1], SHAPES[5]
 
@@ -106,7 +110,7 @@ class Supervisor(launch.Supervisor):
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
         options = {
             "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
-            "max_steps": "0", "modules": '"runtime"', "dispatch": "true", **config,
+            "max_steps": "0", "modules": '"runtime"', "dispatch": DISPATCH, **config,
         }  # fmt: skip
         super().__init__(dsn, tmp, CONFIG.format(workers=workers, **options))
         self.ready_wall: float
@@ -173,8 +177,9 @@ def scalar(env: TestEnv, sql: str, *params: Any) -> Any:
 
 
 def throughput(
-    base: str, steps: int, shape: int, workers: int, baseline_first: bool = True
-) -> tuple[float, float]:
+    base: str, steps: int, shape: int, workers: int, baseline_first: bool = True,
+    dispatch: str = "true",
+) -> tuple[float, float]:  # fmt: skip
     """(supervisor steps/s, baseline steps/s) on fresh schemas of the same server."""
     runs = steps // shape
 
@@ -190,7 +195,7 @@ def throughput(
             engine_fill(env, shape, runs)
             settle(env.conn, "cyclone_runs, cyclone_steps")
             offset = clock_offset(env)
-            sup = Supervisor(env.dsn, Path(tmp), workers)
+            sup = Supervisor(env.dsn, Path(tmp), workers, dispatch=dispatch)
             try:
                 # Polled slowly, timed exactly: from READY=1 to the last run's finish as the
                 # database recorded it, so the poll costs the server next to nothing.
@@ -209,17 +214,18 @@ def throughput(
 
 
 def throughput_reps(
-    base: str, steps: int, configs: list[tuple[int, int]], reps: int
-) -> dict[tuple[int, int], list[tuple[float, float]]]:
+    base: str, steps: int, configs: list[tuple[int, int, str]], reps: int
+) -> dict[tuple[int, int, str], list[tuple[float, float]]]:
     """Every config once per rep, reps interleaved and the order of the two alternating, so
     that a noisy stretch of a shared machine hits both sides alike."""
-    results: dict[tuple[int, int], list[tuple[float, float]]] = {c: [] for c in configs}
+    results: dict[tuple[int, int, str], list[tuple[float, float]]] = {c: [] for c in configs}
     for rep in range(reps):
-        for shape, n in configs:
-            sup, rate = throughput(base, steps, shape, n, baseline_first=rep % 2 == 0)
-            results[(shape, n)].append((sup, rate))
-            print(f"  rep {rep + 1}/{reps}  {shape}-step N={n}: supervisor {sup:,.0f}/s,"
-                  f" baseline {rate:,.0f}/s, ratio {sup / rate:.2f}", flush=True)  # fmt: skip
+        for shape, n, dispatch in configs:
+            sup, rate = throughput(base, steps, shape, n, rep % 2 == 0, dispatch)
+            results[(shape, n, dispatch)].append((sup, rate))
+            print(f"  rep {rep + 1}/{reps}  {shape}-step N={n} dispatch={dispatch}: supervisor"
+                  f" {sup:,.0f}/s, baseline {rate:,.0f}/s, ratio {sup / rate:.2f}",
+                  flush=True)  # fmt: skip
     return results
 
 
@@ -234,8 +240,9 @@ def server_seconds(meter: Meter) -> float:
 
 
 def cpu_split(
-    base: str, steps: int, shape: int, workers: int, strip: bool = False
-) -> dict[str, dict[str, float]]:
+    base: str, steps: int, shape: int, workers: int, strip: bool = False,
+    dispatch: str = "true",
+) -> dict[str, dict[str, float]]:  # fmt: skip
     """CPU seconds by process kind for one drain each: {"baseline": {...}, "cyclone": {...}}."""
     runs = steps // shape
     with TestEnv(dsn=base) as env:
@@ -252,7 +259,7 @@ def cpu_split(
             env.conn.execute(STRIP)
         settle(env.conn, "cyclone_runs, cyclone_steps")
         meter = Meter(env.dsn)
-        sup = Supervisor(env.dsn, Path(tmp), workers)
+        sup = Supervisor(env.dsn, Path(tmp), workers, dispatch=dispatch)
         try:
             before = {pid: process_cpu(pid) for pid in [sup.popen.pid, *sup.children()]}
             server = server_seconds(meter)
@@ -431,8 +438,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="VACUUM ANALYZE after each fill (the fair-weather figure; default: as users drain)",
     )
+    p.add_argument(
+        "--dispatch", default="true",
+        help="throughput, cpu: [supervisor] dispatch, one value or both (true,false)",
+    )  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
+    modes = args.dispatch.split(",")
+    if not set(modes) <= {"true", "false"}:
+        p.error(f"--dispatch: true, false or true,false, not {args.dispatch!r}")
     engine.ANALYZE_AFTER_FILL = args.analyze
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
     base = args.dsn or server_dsn()
@@ -446,13 +460,18 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nThroughput, {args.steps} no-op steps per config (supervisor: READY=1 to last run)"
         )
-        configs = [(shape, int(n)) for shape in (1, 5) for n in args.workers.split(",")]
+        configs = [
+            (shape, int(n), mode)
+            for shape in (1, 5) for n in args.workers.split(",") for mode in modes
+        ]  # fmt: skip
         results = throughput_reps(base, args.steps, configs, args.reps)
         print(f"\nMedians over {args.reps} reps; ratio: median of the per-rep ratios (min-max)")
-        print(f"{'workflow':>9} {'workers':>7} {'supervisor':>12} {'baseline':>10} {'ratio':>17}")
-        for (shape, n), pairs in results.items():
+        print(f"{'workflow':>9} {'workers':>7} {'dispatch':>8} {'supervisor':>12} {'baseline':>10}"
+              f" {'ratio':>17}")  # fmt: skip
+        for (shape, n, mode), pairs in results.items():
             ratios = [s / b for s, b in pairs]
-            print(f"{shape:>4}-step {n:>7} {statistics.median(s for s, _ in pairs):>8,.0f}/s"
+            print(f"{shape:>4}-step {n:>7} {mode:>8}"
+                  f" {statistics.median(s for s, _ in pairs):>8,.0f}/s"
                   f" {statistics.median(b for _, b in pairs):>8,.0f}/s"
                   f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
                   flush=True)  # fmt: skip
@@ -462,14 +481,15 @@ def main(argv: list[str] | None = None) -> int:
             f"\nCPU a step in µs{stripped}, {args.steps} no-op steps, one drain per config (/proc)"
         )
         for shape in (1, 5):
-            for n in (int(w) for w in args.workers.split(",")):
-                split = cpu_split(base, args.steps, shape, n, strip=args.strip)
+            for n, mode in ((int(w), m) for w in args.workers.split(",") for m in modes):
+                split = cpu_split(base, args.steps, shape, n, strip=args.strip, dispatch=mode)
                 totals = {side: sum(parts.values()) for side, parts in split.items()}
+                label = f"{shape}-step N={n} dispatch={mode}"
                 for side, parts in split.items():
                     shown = ", ".join(f"{k} {v / args.steps * 1e6:,.0f}" for k, v in parts.items())
-                    print(f"  {shape}-step N={n} {side:>8}: {shown};"
+                    print(f"  {label} {side:>8}: {shown};"
                           f" total {totals[side] / args.steps * 1e6:,.0f}", flush=True)  # fmt: skip
-                print(f"  {shape}-step N={n} baseline/cyclone total:"
+                print(f"  {label} baseline/cyclone total:"
                       f" {totals['baseline'] / totals['cyclone']:.2f}", flush=True)  # fmt: skip
     if "kills" in only:
         print(
