@@ -42,7 +42,6 @@ from cyclone.engine.dispatch import (
 from cyclone.engine.steps import _LeaseFloor
 
 log = logging.getLogger(__name__)
-_DEBUG = bool(os.environ.get("CYCLONE_DEBUG_DISPATCH"))
 
 # How long the first `want` of a batch may wait for the workers still running a handler to
 # ask too: a statement for four costs PostgreSQL about what one for one costs, so a wait this
@@ -203,7 +202,8 @@ class Dispatcher:
         now = time.monotonic()
         if not self.first_at:
             self.first_at = now
-        # Workers still running a step (a finished one is held until its `want` is answered).
+        # Workers still running a step, or waiting for the answer to a statement in flight
+        # (a finished step is held until its `want` is answered).
         running = sum(
             1 for h in arbiter.children.values() if h.lease is not None and h.kill is None
         ) - sum(1 for _, w in self.pending if w.finished)
@@ -274,9 +274,6 @@ class Dispatcher:
         self, result: Dispatched, batch: Batch, leasing: list[Any], sent: float,
         session: Session, arbiter: Handles,
     ) -> None:  # fmt: skip
-        if _DEBUG:
-            print("batch", len(batch), len(leasing), len(result.completed), len(result.leases),
-                  round((time.monotonic() - sent) * 1000, 2), flush=True)
         slot = {id(h): i for i, h in enumerate(leasing)}
         # Nothing from the session's place in the index (or only steps of the runs just
         # finished, which the statement skips): the workers left without a step ask again at
