@@ -1,6 +1,7 @@
 """What both sides of the fork share: the supervisor imports it, and so do its children.
 
-channel.py     the child-to-supervisor pipe protocol and the exit codes a child leaves with
+channel.py     the channel protocol (a socket pair: reports up, `given` answers down) and the
+               exit codes a child leaves with
 process.py     a child's set-up after the fork (init_process), its signal self-pipe (Wakeup),
                ChildExit, and the check that its supervisor is still there
 proctitle.py   process titles
@@ -8,5 +9,5 @@ lease.py       lease_trust: how long a lease is acted on, by the keeper and the 
 session.py     connect_briefly: a connection with a statement_timeout, checked once a process
 
 Imports run one way: cyclone.supervisor -> cyclone.worker, cyclone.scanner -> cyclone.child ->
-the engine and the core modules (tests/test_import_direction.py holds them to it).
+the engine and the core modules (tests/unit/test_import_direction.py holds them to it).
 """

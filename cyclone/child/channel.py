@@ -1,4 +1,4 @@
-"""The worker-to-supervisor pipe: one line per message, and the exit codes a child leaves with.
+"""The worker-supervisor channel: one line per message, and the exit codes a child leaves with.
 
 A line is a verb, optionally followed by a space and a JSON object:
 
