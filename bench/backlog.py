@@ -1,7 +1,7 @@
 """Bursts as users make them: does a big backlog drain as fast as a small one? Prints figures.
 
     python bench/backlog.py [--sizes 1000,10000,100000] [--shapes 1,5,map] [--workers 4]
-                            [--stale 1000000,200000] [--dsn DSN]
+                            [--stale 1000000,200000] [--dispatch true|false] [--dsn DSN]
 
 For each shape and size: a fresh schema (never analyzed, autovacuum left as it is), runs
 submitted through `Client.submit_many` in batches of 1,000 (timed: runs/s), then a real
@@ -38,6 +38,7 @@ from cyclone.client import Client
 from cyclone.testing import TestEnv, server_dsn
 
 BATCH = 1000
+DISPATCH = "true"  # [supervisor] dispatch of the supervisors started (--dispatch)
 MAP_ITEMS = 1000
 
 
@@ -114,7 +115,9 @@ def drain(base: str, shape: str, size: int, workers: int, stale: int = 0) -> dic
             history(env, stale)
         submit_rate = submit(env, wf, runs)
         offset = clock_offset(env)
-        sup = Supervisor(env.dsn, Path(tmp), workers, modules='"runtime", "backlog"')
+        sup = Supervisor(
+            env.dsn, Path(tmp), workers, modules='"runtime", "backlog"', dispatch=DISPATCH
+        )
         try:
             wait_drained(env, sup)
             failed = scalar(env, "SELECT count(*) FROM cyclone_runs WHERE state <> 'completed'")
@@ -166,8 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reps", type=int, default=1, help="drains per size (median reported)")
     p.add_argument("--stale", default="", help="H,B: B runs after H steps of analyzed history")
+    p.add_argument("--dispatch", default="true", choices=("true", "false"),
+                   help="[supervisor] dispatch (default true)")  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
+    global DISPATCH
+    DISPATCH = args.dispatch
     base = args.dsn or server_dsn()
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"cyclone {revision()}, {args.workers} workers, bursts of {sizes} steps", flush=True)
