@@ -142,7 +142,9 @@ class OsProcessOps:
         except BlockingIOError:
             return None
         except OSError as exc:
-            if exc.errno in (errno.EBADF, errno.EIO):
+            # ECONNRESET: the child died with an answer of ours unread in its socket, which
+            # the kernel then resets rather than closes. As gone as a closed pipe.
+            if exc.errno in (errno.EBADF, errno.EIO, errno.ECONNRESET):
                 return b""
             raise
 

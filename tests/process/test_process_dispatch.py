@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from proc_flows import busy
 from proc_helpers import completed, wait_for
+
+from cyclone.supervisor.processes import OsProcessOps
 
 pytestmark = pytest.mark.process
 
@@ -39,3 +43,23 @@ def test_with_dispatch_off_each_worker_leases_on_its_own(env, supervisor, tmp_pa
     assert sup.sample("cyclone_dispatch_batch_steps_count") == 0
     assert sup.sample("cyclone_steps_total", workflow=busy.name, node="after",
                       outcome="completed") == RUNS  # fmt: skip
+
+
+def test_a_worker_dead_with_an_answer_unread_reads_as_gone() -> None:
+    """The kernel resets, rather than closes, a socket closed with data unread in it: the
+    supervisor reads that as the child gone, as it reads a closed pipe (chaos.py found it)."""
+    ops = OsProcessOps()
+
+    def child(fd: int) -> int:
+        os.read(fd, 1)  # the first byte only: the rest stays unread when it exits
+        return 0
+
+    pid, fd = ops.spawn(child, close_fds=[])
+    try:
+        os.write(fd, b"x" + b'given {"recorded":null}\n' * 4)
+        assert os.waitpid(pid, 0)[0] == pid
+        got: list[bytes | None] = []
+        wait_for(lambda: got.append(ops.read(fd)) or got[-1] is not None, 5, "end of file")
+        assert got[-1] == b""
+    finally:
+        ops.close(fd)
