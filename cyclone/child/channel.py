@@ -282,7 +282,8 @@ class LineBuffer:
 
 
 class Channel:
-    """The worker's end of the channel. A supervisor that is gone raises BrokenPipeError."""
+    """The worker's end of the channel. A supervisor that is gone raises a ConnectionError
+    (a broken pipe, or a reset when it died with lines of ours unread)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd

@@ -83,7 +83,7 @@ class Scanner:
             return self.loop()
         except ChildExit as exc:
             return exc.code
-        except BrokenPipeError:
+        except ConnectionError:  # broken pipe or reset: the supervisor is gone
             return ExitCode.ORPHANED
 
     def _on_stop(self, signum: int, frame: object) -> None:

@@ -142,7 +142,7 @@ class LeaseKeeper:
                     if self._held is not None:
                         self._check_trust(self._held)
                         self._tend(self._held)
-        except BrokenPipeError:  # the supervisor is gone (its pipe closed under a Beat)
+        except ConnectionError:  # the supervisor is gone (its channel closed under a Beat)
             leave(ExitCode.ORPHANED)
         except BaseException:  # a dead keeper would let leases lapse silently
             traceback.print_exc()

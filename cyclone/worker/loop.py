@@ -106,7 +106,7 @@ class Worker:
             return self.loop()
         except ChildExit as exc:
             return exc.code
-        except BrokenPipeError:
+        except ConnectionError:  # broken pipe or reset: the supervisor is gone
             return ExitCode.ORPHANED
 
     def install_signals(self) -> None:
