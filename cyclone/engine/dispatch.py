@@ -18,11 +18,16 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import retrying, step_cursor, text_array
+from cyclone.db import encode_json, retrying, step_cursor, text_array
 from cyclone.engine.graphs import graph_by_hash
-from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, _fast_completion, _LeaseFloor
+from cyclone.engine.steps import (
+    DEFAULT_LEASE_TTL,
+    Lease,
+    _fast_completion,
+    _lease_from_row,
+    _LeaseFloor,
+)
 from cyclone.sql import QUERIES, numbered
-from cyclone.states import NodeKind
 
 Conn = psycopg.Connection[Any]
 
@@ -44,7 +49,7 @@ class Finished:
 
 
 def finished_json(conn: Conn, lease: Lease, encoded: str) -> str | None:
-    """`finished_of`'s Finished as the JSON object a worker's `want` line carries, made from
+    """A `Finished` as the JSON object a worker's `want` line carries, made from
     the output already encoded (the worker's encoder checked it), or None as there."""
     fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
     if fast is None:
@@ -61,13 +66,8 @@ def finished_json(conn: Conn, lease: Lease, encoded: str) -> str | None:
 def finished_of(conn: Conn, lease: Lease, output: Any) -> Finished | None:
     """The completion `dispatch` can record for this lease, or None when the step needs the
     general path (joins, map items, waits that may take a kept signal, child runs)."""
-    fast = _fast_completion(graph_by_hash(conn, lease.graph_hash), lease)
-    if fast is None:
-        return None
-    query, extra = fast
-    if query == "step_complete_last":
-        return Finished(lease.step_id, lease.token, lease.run_id, output, last=True)
-    return Finished(lease.step_id, lease.token, lease.run_id, output, json.loads(extra["next"]))
+    text = finished_json(conn, lease, encode_json(output, f"output of {lease.node}"))
+    return None if text is None else Finished(**json.loads(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,15 +163,10 @@ def dispatch(
 
 
 def lease_of(row: dict[str, Any], lease_ttl: float) -> Lease:
-    """The Lease a worker runs, from a lease row of `dispatch`."""
+    """The Lease a worker runs, from a lease row of `dispatch` (its times as JSON wrote them)."""
     deadline = row["deadline_at"]
-    return Lease(
-        step_id=row["id"], run_id=row["run_id"], workflow=row["workflow"], node=row["node"],
-        kind=NodeKind(row["kind"]), attempt=row["attempt"], max_attempts=row["max_attempts"],
-        token=row["lease_token"], input=row["input"], item_index=row["item_index"],
-        item=row["item"],
-        deadline_at=datetime.fromisoformat(deadline) if isinstance(deadline, str) else deadline,
-        graph_hash=row["graph_hash"], kill_after=row["kill_after"],
-        deadline_left=row["deadline_left"], lease_ttl=lease_ttl,
-        parent_run_id=row["parent_run_id"],
-    )  # fmt: skip
+    if isinstance(deadline, str):
+        row = {**row, "deadline_at": datetime.fromisoformat(deadline)}
+    lease = _lease_from_row(row, lease_ttl)
+    assert lease is not None, "a lease row of dispatch always names its step"
+    return lease

@@ -170,7 +170,6 @@ class Dispatcher:
         self.own_until = 0.0
         self.first_at = 0.0
         self.host = socket.gethostname()
-        self.statements = 0  # statements answered
 
     def next_at(self) -> float | None:
         """When the `want`s waiting for others must be sent (the loop wakes for it)."""
@@ -248,9 +247,6 @@ class Dispatcher:
 
     # --- receiving ----------------------------------------------------------------------------
 
-    def owns(self, fd: int) -> bool:
-        return any(s.fileno() == fd for s in self.sessions)
-
     def on_readable(self, fd: int, arbiter: Handles) -> None:
         session = next((s for s in self.sessions if s.fileno() == fd), None)
         if session is None:
@@ -264,7 +260,6 @@ class Dispatcher:
             return
         batch, leasing, sent = session.batch, session.leasing, session.sent
         session.batch, session.leasing = None, []
-        self.statements += 1
         result = Dispatched.parse(text)
         self.observe(len(result.leases))
         self.answer(result, batch, leasing, sent, session, arbiter)
