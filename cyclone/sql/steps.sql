@@ -111,6 +111,25 @@ UPDATE cyclone_steps s
    AND s.run_id = run.id
 RETURNING s.node, s.kind, run.state AS run_state;
 
+-- name: _make_next
+-- A fragment: the steps after the tasks `done` completed, made in the same statement. `done`
+-- gives each task's `next` (a JSON array of node rows, as engine/steps.py's _next_nodes_json
+-- writes them) and whether it was its run's `last` (which makes none).
+next AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, due_at, created_at)
+    SELECT done.run_id, done.workflow, n.node, n.kind,
+           cyclone_kind_first_state(n.kind),
+           n.max_attempts, make_interval(secs => n.timeout), n.signal,
+           coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
+           coalesce(%(now)s::timestamptz, now())
+      FROM done,
+           jsonb_to_recordset(done.next)
+           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
+     WHERE NOT done.last
+),
+
 -- name: step_complete_chain
 -- The common case in one statement: a task completes and every node after it depends on it
 -- alone, so its steps can be made without reading anything else of the run. It takes no run
@@ -123,20 +142,9 @@ WITH held AS (SELECT 1), done AS (
     UPDATE cyclone_steps s
 -- include: _completed
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
- RETURNING s.run_id, s.workflow
-), next AS (
-    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at)
-    SELECT done.run_id, done.workflow, n.node, n.kind,
-           cyclone_kind_first_state(n.kind),
-           n.max_attempts, make_interval(secs => n.timeout), n.signal,
-           coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now())
-      FROM done,
-           jsonb_to_recordset(%(next)s::jsonb)
-           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
+ RETURNING s.run_id, s.workflow, %(next)s::jsonb AS next, false AS last
 ),
+-- include: _make_next
 -- include: _lease_next
 
 -- name: step_complete_last
@@ -203,20 +211,9 @@ WITH c AS (
        AND s.id = c.step_id AND s.lease_token = c.token
        AND (NOT c.last OR s.run_id IN (SELECT run.id FROM run))
  RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next
-), next AS (
-    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at)
-    SELECT done.run_id, done.workflow, n.node, n.kind,
-           cyclone_kind_first_state(n.kind),
-           n.max_attempts, make_interval(secs => n.timeout), n.signal,
-           coalesce(%(now)s::timestamptz, now()),
-           coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now())
-      FROM done,
-           jsonb_to_recordset(done.next)
-           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
-     WHERE NOT done.last
-), finished AS (
+),
+-- include: _make_next
+finished AS (
     UPDATE cyclone_runs r
        SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
            paused_at = NULL, output = jsonb_build_object(done.node, done.output)
