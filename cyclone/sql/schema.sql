@@ -433,6 +433,20 @@ AS $$
      LIMIT 1
 $$;
 
+-- The steps due, counted up to `cap` (`cyclone status`, the metrics' queue gauge), by the same
+-- walk of the candidate index, which stops at the cap.
+CREATE FUNCTION cyclone_due_count(cap integer, at timestamptz) RETURNS bigint
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+    SELECT count(*) FROM (SELECT 1 FROM cyclone_steps
+                           WHERE state = 'available' AND available_at <= at
+                           ORDER BY available_at, id
+                           LIMIT greatest(cap, 0)) AS due
+$$;
+
 ------------------------------------------------------------------------------------------------
 -- Retention
 --

@@ -90,17 +90,15 @@ SELECT state, count(*), true
 -- A fragment: the steps a worker could lease now, counted up to %(cap)s (a backlog bigger
 -- than that is reported as "more than", so a large backlog costs no more than a small one),
 -- and the oldest one's age: how far behind the workers are. A paused run's steps wait for its
--- resume, not for workers, so they are not due. Counted as all due steps (the partial index
--- of available steps, unordered, so any plan stops at the cap) less those of paused runs (few
+-- resume, not for workers, so they are not due. Counted as all due steps (cyclone_due_count,
+-- migration 13: a walk of the index that stops at the cap) less those of paused runs (few
 -- runs, each run's steps read by its run_id alone: with the state in the WHERE, the planner
 -- could read the whole index of available steps for each paused run): joining every due step
 -- to its run cost 60 times more on 100,000 runs. The oldest comes from cyclone_oldest_due (migration 7), whose plan walks the
 -- candidate index in order whatever the statistics say.
 SELECT greatest(a.n - p.n, 0) AS due, a.n >= %(cap)s AS due_capped,
        extract(epoch FROM now() - cyclone_oldest_due(now()))::float8 AS oldest_due_age
-  FROM (SELECT count(*) AS n FROM (SELECT 1 FROM cyclone_steps
-                                    WHERE state = 'available' AND available_at <= now()
-                                    LIMIT %(cap)s) AS due) AS a,
+  FROM (SELECT cyclone_due_count(%(cap)s, now()) AS n) AS a,
        (SELECT coalesce(sum(held.n), 0)::bigint AS n
           FROM (SELECT (SELECT count(*) FILTER (WHERE s.state = 'available'
                                                   AND s.available_at <= now())

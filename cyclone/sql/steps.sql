@@ -152,7 +152,7 @@ WITH held AS (SELECT 1), done AS (
 -- and the run completes with this step's output, in one statement (leasing the next due
 -- step too when `lease` is true).
 WITH run AS (
-    SELECT id FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
+    SELECT id, state FROM cyclone_runs WHERE id = %(run_id)s FOR NO KEY UPDATE
 ), held AS (
     SELECT 1 FROM run
 ), done AS (
@@ -163,11 +163,14 @@ WITH run AS (
        AND s.run_id = run.id
  RETURNING s.run_id, s.node, s.output
 ), finished AS (
+    -- The run's state as its lock read it: a test of r.state here could be answered from
+    -- cyclone_runs_live_idx, and with statistics of a history (few live runs) the planner
+    -- read every live run that way, for each completion.
     UPDATE cyclone_runs r
        SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
            paused_at = NULL, output = jsonb_build_object(done.node, done.output)
-      FROM done
-     WHERE r.id = done.run_id AND r.state IN ('running', 'paused')
+      FROM done, run
+     WHERE r.id = %(run_id)s AND r.id = done.run_id AND run.state IN ('running', 'paused')
 ),
 -- include: _lease_next
 
@@ -192,7 +195,7 @@ WITH c AS (
     SELECT * FROM jsonb_to_recordset(%(done)s::jsonb)
         AS c (step_id bigint, token uuid, run_id uuid, last boolean, output jsonb, next jsonb)
 ), run AS (
-    SELECT r.id FROM cyclone_runs r
+    SELECT r.id, r.state FROM cyclone_runs r
      WHERE r.id = ANY (%(last_runs)s::uuid[])
      ORDER BY r.id
        FOR NO KEY UPDATE
@@ -217,9 +220,10 @@ finished AS (
     UPDATE cyclone_runs r
        SET state = 'completed', finished_at = coalesce(%(now)s::timestamptz, now()),
            paused_at = NULL, output = jsonb_build_object(done.node, done.output)
-      FROM done
+      FROM done, run
      WHERE r.id = ANY (%(last_runs)s::uuid[])
-       AND done.last AND r.id = done.run_id AND r.state IN ('running', 'paused')
+       AND done.last AND r.id = done.run_id AND run.id = done.run_id
+       AND run.state IN ('running', 'paused')  -- as its lock read it: see step_complete_last
 ), numbered AS (
     SELECT candidate.*, row_number() OVER () AS n FROM candidate
 ), leased AS (
