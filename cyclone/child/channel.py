@@ -147,13 +147,16 @@ class Given:
     """The supervisor's answer to a `want`: whether the finished step was recorded (None: not
     tried, the worker records it itself), and the lease taken for the worker (a row of
     steps_dispatch, sent at `since`), if any. `own`: the supervisor cannot lease for now
-    (its database session failed): the worker leases for itself until told otherwise."""
+    (its database session failed): the worker leases for itself until told otherwise.
+    `taken`: the supervisor answered at once with a lease it held ready, and records the
+    finished step itself afterwards (`recorded` is then None, and not the worker's to act on)."""
 
     verb: ClassVar[str] = "given"
     recorded: bool | None = None
     lease: dict[str, Any] | None = None
     since: float | None = None
     own: bool = False
+    taken: bool = False
 
 
 Message = Ready | Leased | Beat | Done | Idle | Scanned | Want | Given

@@ -286,6 +286,22 @@ class Arbiter:
             elif message.counts:  # a pass that ran its sweeps: the database answered
                 self.database_answered()
 
+    def handed_over(self, handle: WorkerHandle, leased: channel.Leased) -> HeldLease | None:
+        """The worker finished its step and took a lease the supervisor held ready for it
+        (supervisor/dispatch.py): it holds the new lease now. The finished step's outcome is
+        known once it is recorded (`finished_later`); the lease it was is returned for that."""
+        finished = handle.lease
+        handle.lease = None
+        handle.steps += 1
+        self.on_message(handle, leased)
+        return finished
+
+    def finished_later(self, lease: HeldLease | None, done: channel.Done) -> None:
+        """The outcome of a step its worker handed over, recorded since (see handed_over)."""
+        if lease is not None and lease.step_id == done.step_id:
+            self.events.finished(lease, done.outcome, done.duration)
+            log_outcome(lease, done)
+
     def may_lease(self, handle: WorkerHandle, finishing: int | None = None) -> bool:
         """Whether a step may be leased for this worker (see supervisor/dispatch.py): not one
         leaving, killed, of an old config, or holding a step other than `finishing`."""

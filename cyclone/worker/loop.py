@@ -332,7 +332,7 @@ class Worker:
             return None  # recorded on this worker's own session instead
         given = self.ask(line)
         # `own`, or this batch failed: the step is recorded here, on the worker's own session.
-        return None if given.own or given.recorded is None else given
+        return None if given.own or (given.recorded is None and not given.taken) else given
 
     def report_lease(self, lease: Lease) -> None:
         # The durations were read on the database clock as the lease was taken, just before

@@ -1,0 +1,232 @@
+"""Leases taken ahead: the supervisor answers a worker that finished a short step at once, and
+records the step with the next statement; a lease no worker took in time is given back."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import cyclone
+from cyclone.child import channel
+from cyclone.engine.dispatch import finished_json, lease_of
+from cyclone.supervisor import dispatch as dispatch_module
+from cyclone.supervisor.dispatch import AHEAD, Dispatcher
+from cyclone.testing import TestEnv
+
+quick = cyclone.Workflow("dispatch-ahead")
+
+
+@quick.task()
+def only(ctx):
+    return ctx.input
+
+
+@dataclass
+class Handle:
+    pid: int
+    fd: int
+    peer: socket.socket
+    lease: Any = None
+    kill: Any = None
+
+
+@dataclass
+class Arbiter:
+    """What the dispatcher asks of the arbiter, recording what it is told."""
+
+    children: dict[int, Handle] = field(default_factory=dict)
+    draining: bool = False
+    later: list[tuple[int, str]] = field(default_factory=list)
+
+    def may_lease(self, handle: Handle, finishing: int | None = None) -> bool:
+        held = handle.lease
+        return not self.draining and (held is None or held.step_id == finishing)
+
+    def on_message(self, handle: Handle, message: channel.Message) -> None:
+        if isinstance(message, channel.Leased):
+            handle.lease = message
+        elif isinstance(message, channel.Done):
+            handle.lease = None
+
+    def handed_over(self, handle: Handle, leased: channel.Leased) -> Any:
+        finished, handle.lease = handle.lease, leased
+        return finished
+
+    def finished_later(self, lease: Any, done: channel.Done) -> None:
+        assert lease.step_id == done.step_id
+        self.later.append((done.step_id, done.outcome))
+
+
+class Harness:
+    def __init__(self, env: TestEnv, workers: int) -> None:
+        self.env = env
+        self.arbiter = Arbiter()
+        self.dispatcher = Dispatcher(env.dsn, workflows=lambda: (quick.name,), lease_ttl=30.0)
+        self.dispatcher.duration = 0.0  # the steps are short: it leases ahead
+        self._keep: list[socket.socket] = []
+        for pid in range(1, workers + 1):
+            ours, theirs = socket.socketpair()
+            ours.setblocking(False)
+            self.arbiter.children[pid] = Handle(pid, ours.fileno(), theirs)
+            self._keep.append(ours)
+
+    def want(self, pid: int, finished: Any = None) -> None:
+        handle = self.arbiter.children[pid]
+        message = channel.Want(lease=True, duration=0.001, finished=finished)
+        self.dispatcher.want(handle, message)
+
+    def answer(self, pid: int, timeout: float = 10.0) -> channel.Given:
+        """Run the loop until this worker's answer arrives, and read it."""
+        peer = self.arbiter.children[pid].peer
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.dispatcher.flush(self.arbiter)
+            if select.select([peer], [], [], 0)[0]:
+                message = channel.decode(peer.recv(1 << 16))
+                assert isinstance(message, channel.Given)
+                return message
+            self.pump(0.01)
+        raise AssertionError(f"no answer for worker {pid}")
+
+    def pump(self, timeout: float) -> None:
+        fds = [s.fileno() for s in self.dispatcher.sessions if s.batch is not None]
+        ready = select.select(fds, [], [], timeout)[0] if fds else []
+        for fd in ready:
+            self.dispatcher.on_readable(fd, self.arbiter)
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Until nothing is waiting or in flight."""
+        deadline = time.monotonic() + timeout
+        d = self.dispatcher
+        while d.pending or d.taken or any(s.batch is not None for s in d.sessions):
+            assert time.monotonic() < deadline, "the dispatcher never settled"
+            d.flush(self.arbiter)
+            self.pump(0.01)
+
+    def finished(self, given: channel.Given, output: Any) -> dict[str, Any]:
+        lease = lease_of(given.lease, 30.0)
+        text = finished_json(self.env.conn, lease, json.dumps(output))
+        assert text is not None
+        return json.loads(text)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return self.env.conn.execute(
+            "SELECT id, state, attempt, leased_by FROM cyclone_steps ORDER BY id"
+        ).fetchall()
+
+    def close(self) -> None:
+        self.dispatcher.close()
+        for handle in self.arbiter.children.values():
+            handle.peer.close()
+        for sock in self._keep:
+            sock.close()
+
+
+@pytest.fixture
+def harness(env: TestEnv):
+    env.register(quick)
+    h = Harness(env, workers=2)
+    yield h
+    h.close()
+
+
+def test_a_worker_that_finished_is_answered_from_the_leases_taken_ahead(harness) -> None:
+    runs = harness.env.client.submit_many(quick, list(range(8)))
+    harness.want(1)
+    first = harness.answer(1)
+    assert first.lease is not None and not first.taken
+    harness.settle()
+    # The statement that served worker 1 also leased ahead in its name (and in worker 2's
+    # name, which holds nothing yet, none).
+    host = socket.gethostname()
+    assert [r.name for r in harness.dispatcher.ready] == [f"{host}:1"] * AHEAD
+    # Worker 1 finishes: its answer comes before any statement ran, from those leases.
+    harness.want(1, harness.finished(first, "one"))
+    second = harness.answer(1, timeout=0.05)
+    assert second.taken and second.recorded is None and second.lease is not None
+    assert second.since is not None and second.since <= time.monotonic()
+    assert harness.dispatcher.taken  # recorded by the next statement, not yet
+    harness.settle()
+    assert harness.arbiter.later == [(first.lease["id"], "completed")]
+    assert harness.env.client.get_run(runs[0]).output == {"only": "one"}
+    steps = {s["id"]: s for s in harness.steps()}
+    assert steps[second.lease["id"]]["state"] == "running"
+    assert steps[second.lease["id"]]["attempt"] == 1
+
+
+def test_a_lease_taken_ahead_that_no_worker_takes_in_time_is_given_back(
+    harness, monkeypatch
+) -> None:
+    harness.env.client.submit_many(quick, list(range(4)))
+    harness.want(1)
+    harness.answer(1)
+    harness.settle()
+    ahead = [r.row["id"] for r in harness.dispatcher.ready]
+    assert len(ahead) == AHEAD
+    monkeypatch.setattr(dispatch_module, "READY_FOR", 0.0)
+    harness.dispatcher.flush(harness.arbiter)
+    assert harness.dispatcher.ready == []
+    steps = {s["id"]: s for s in harness.steps()}
+    # Back in the queue, their attempts not spent.
+    assert [(steps[i]["state"], steps[i]["attempt"]) for i in ahead] == [("available", 0)] * AHEAD
+
+
+def test_no_lease_is_taken_ahead_for_long_steps_or_while_draining(harness) -> None:
+    harness.env.client.submit_many(quick, list(range(6)))
+    harness.dispatcher.duration = 1.0  # steps of a second on average: none ahead
+    harness.want(1)
+    harness.answer(1)
+    harness.settle()
+    assert harness.dispatcher.ready == []
+    harness.dispatcher.duration = 0.0
+    harness.arbiter.draining = True
+    harness.arbiter.children[2].lease = None
+    harness.want(2)
+    assert harness.answer(2).lease is None
+    harness.settle()
+    assert harness.dispatcher.ready == []
+
+
+def test_closing_gives_the_leases_taken_ahead_back(env: TestEnv) -> None:
+    env.register(quick)
+    h = Harness(env, workers=1)
+    try:
+        env.client.submit_many(quick, list(range(4)))
+        h.want(1)
+        served = h.answer(1)
+        h.settle()
+        assert len(h.dispatcher.ready) == AHEAD
+    finally:
+        h.close()
+    states = {s["id"]: (s["state"], s["attempt"]) for s in h.steps()}
+    assert states.pop(served.lease["id"]) == ("running", 1)
+    assert sorted(states.values()) == [("available", 0)] * 3
+
+
+def test_a_finished_step_whose_statement_failed_goes_with_the_next(harness) -> None:
+    runs = harness.env.client.submit_many(quick, list(range(6)))
+    harness.want(1)
+    first = harness.answer(1)
+    harness.settle()
+    harness.want(1, harness.finished(first, "kept"))
+    assert harness.answer(1, timeout=0.05).taken
+    # The session dies under the statement that would record it.
+    for session in harness.dispatcher.sessions:
+        session.conn.pgconn.finish()
+    harness.dispatcher.own_until = 0.0
+    deadline = time.monotonic() + 10
+    while harness.dispatcher.taken or any(
+        s.batch is not None for s in harness.dispatcher.sessions
+    ):
+        assert time.monotonic() < deadline
+        harness.dispatcher.flush(harness.arbiter)
+        harness.pump(0.01)
+        harness.dispatcher.own_until = 0.0  # the test does not wait out the pause
+    assert harness.arbiter.later == [(first.lease["id"], "completed")]
+    assert harness.env.client.get_run(runs[0]).output == {"only": "kept"}
