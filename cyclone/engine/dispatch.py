@@ -95,6 +95,19 @@ class Dispatched:
 DISPATCH_SQL, DISPATCH_PARAMS = numbered(QUERIES["steps_dispatch"])
 
 
+# steps_release likewise: leases taken ahead, given back.
+RELEASE_SQL, RELEASE_PARAMS = numbered(QUERIES["steps_release"])
+
+
+def release_params(leases: Sequence[tuple[int, str]]) -> dict[str, str | None]:
+    """steps_release's parameters for (step id, lease token) pairs, as text."""
+    return {
+        "step_ids": "{" + ",".join(str(step_id) for step_id, _ in leases) + "}",
+        "tokens": "{" + ",".join(token for _, token in leases) + "}",
+        "now": None,
+    }
+
+
 def dispatch_params(
     finished: Sequence[Finished],
     workers: Sequence[str],

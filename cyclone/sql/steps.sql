@@ -366,6 +366,29 @@ SELECT h.step_id,
   LEFT JOIN cyclone_steps s ON s.id = h.step_id
  WHERE s.id IS NULL OR s.lease_token IS DISTINCT FROM h.token;
 
+-- name: steps_release
+-- Give back leases the supervisor took ahead and no worker took in time (see
+-- cyclone/supervisor/dispatch.py), as step_release gives one back: runs locked first, in id
+-- order, then each step fenced by its token. One row, one column: how many went back, as text
+-- (the supervisor reads it as it reads steps_dispatch's).
+WITH run AS (
+    SELECT r.id FROM cyclone_runs r
+     WHERE r.id IN (SELECT s.run_id FROM cyclone_steps s
+                     WHERE s.id = ANY (%(step_ids)s::bigint[]))
+     ORDER BY r.id
+       FOR NO KEY UPDATE
+), released AS (
+    UPDATE cyclone_steps s
+       SET state = 'available', attempt = greatest(s.attempt - 1, 0),
+           available_at = coalesce(%(now)s::timestamptz, now()), lease_token = NULL,
+           lease_expires_at = NULL, gated_at = coalesce(%(now)s::timestamptz, now())
+      FROM run, unnest(%(step_ids)s::bigint[], %(tokens)s::uuid[]) AS l (step_id, token)
+     WHERE s.id = ANY (%(step_ids)s::bigint[])
+       AND s.id = l.step_id AND s.lease_token = l.token AND s.run_id = run.id
+ RETURNING s.id
+)
+SELECT count(*)::text AS result FROM released;
+
 -- name: step_release
 -- Give a step back without spending an attempt: its worker was stopped by a shutdown, not by
 -- anything the step did. Fenced like every write of a lease holder.

@@ -42,10 +42,13 @@ from cyclone.db import prepare_threshold, with_options
 from cyclone.engine.dispatch import (
     DISPATCH_PARAMS,
     DISPATCH_SQL,
+    RELEASE_PARAMS,
+    RELEASE_SQL,
     Dispatched,
     Finished,
     dispatch_params,
     floor_params,
+    release_params,
 )
 from cyclone.engine.steps import _LeaseFloor, release_step
 
@@ -155,7 +158,12 @@ class Session:
         self.leasing: list[Any] = []
         self.taken: list[Taken] = []
         self.ahead: list[str] = []  # the names of the leases it takes ahead
+        self.releasing: list[Ready] = []  # in flight: steps_release, not steps_dispatch
         self.sent = 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.batch is not None or bool(self.releasing)
 
     def fileno(self) -> int:
         return self.fd
@@ -166,6 +174,17 @@ class Session:
             self.pg.send_query_prepared(_PREPARED, values)
         else:
             self.pg.send_query_params(DISPATCH_SQL.encode(), values)
+        self.flush()
+
+    def send_release(self, ready: list[Ready]) -> None:
+        """Give back leases taken ahead (rare: sent unprepared)."""
+        params = release_params([(r.row["id"], r.row["lease_token"]) for r in ready])
+        values = [None if v is None else v.encode() for v in (params[n] for n in RELEASE_PARAMS)]
+        self.releasing = ready
+        self.pg.send_query_params(RELEASE_SQL.encode(), values)
+        self.flush()
+
+    def flush(self) -> None:
         while self.pg.flush():  # what the socket did not take at once: a few kB at most
             select.select([], [self.fileno()], [], STATEMENT_TIMEOUT_MS / 1000)
 
@@ -226,6 +245,7 @@ class Dispatcher:
         self.first_at = 0.0
         self.host = socket.gethostname()
         self.ready: list[Ready] = []
+        self.stale: list[Ready] = []  # to give back, with the next free session
         self.taken: list[Taken] = []
         self.duration = READY_BELOW  # the average step length workers report: none yet
 
@@ -240,8 +260,8 @@ class Dispatcher:
         self.pending.append((handle, message))
 
     def close(self) -> None:
-        self.give_back(self.ready)
-        self.ready = []
+        self.give_back(self.ready + self.stale)
+        self.ready, self.stale = [], []
         for session in self.sessions:
             self.unwatch(session.fileno())
             session.close()
@@ -255,7 +275,13 @@ class Dispatcher:
         stale = [r for r in self.ready if not r.fresh(now)]
         if stale:
             self.ready = [r for r in self.ready if r.fresh(now)]
-            self.give_back(stale)
+            self.stale.extend(stale)
+        if self.stale and (session := self.free_session()) is not None:
+            stale, self.stale = self.stale, []
+            try:
+                session.send_release(stale)
+            except psycopg.Error as exc:
+                self.failed(session, exc, arbiter)
         if not self.ready:
             return
         waiting: Batch = []
@@ -302,7 +328,8 @@ class Dispatcher:
         ]  # fmt: skip
 
     def give_back(self, ready: list[Ready]) -> None:
-        """Return leases taken ahead that no worker took in time, their attempts not spent."""
+        """Return leases taken ahead that no worker took (the supervisor stops), their
+        attempts not spent: waiting for it, once, as it leaves."""
         if not ready:
             return
         try:
@@ -365,7 +392,7 @@ class Dispatcher:
 
     def free_session(self) -> Session | None:
         for session in self.sessions:
-            if session.batch is None:
+            if not session.busy:
                 return session
         if len(self.sessions) >= self.size:
             return None
@@ -389,6 +416,10 @@ class Dispatcher:
             text = session.result()
         except psycopg.Error as exc:
             self.failed(session, exc, arbiter)
+            return
+        if text is not None and session.releasing:
+            session.releasing = []
+            self.flush(arbiter)
             return
         if text is None or session.batch is None:
             return
@@ -441,6 +472,8 @@ class Dispatcher:
 
     def failed(self, session: Session, exc: Exception, arbiter: Handles) -> None:
         batch, session.batch = session.batch or [], None
+        # Leases being given back expire instead, an attempt spent each.
+        session.releasing = []
         # Finished tasks whose workers moved on: tried again with a later statement (their
         # completions are fenced, so a statement that did commit after all changes nothing).
         retry = [t for t in session.taken if t.tries + 1 < TAKEN_TRIES]

@@ -95,7 +95,7 @@ class Harness:
         raise AssertionError(f"no answer for worker {pid}")
 
     def pump(self, timeout: float) -> None:
-        fds = [s.fileno() for s in self.dispatcher.sessions if s.batch is not None]
+        fds = [s.fileno() for s in self.dispatcher.sessions if s.busy]
         ready = select.select(fds, [], [], timeout)[0] if fds else []
         for fd in ready:
             self.dispatcher.on_readable(fd, self.arbiter)
@@ -104,7 +104,7 @@ class Harness:
         """Until nothing is waiting or in flight."""
         deadline = time.monotonic() + timeout
         d = self.dispatcher
-        while d.pending or d.taken or any(s.batch is not None for s in d.sessions):
+        while d.pending or d.taken or d.stale or any(s.busy for s in d.sessions):
             assert time.monotonic() < deadline, "the dispatcher never settled"
             d.flush(self.arbiter)
             self.pump(0.01)
@@ -172,6 +172,9 @@ def test_a_lease_taken_ahead_that_no_worker_takes_in_time_is_given_back(
     monkeypatch.setattr(dispatch_module, "READY_FOR", 0.0)
     harness.dispatcher.flush(harness.arbiter)
     assert harness.dispatcher.ready == []
+    # Given back by a statement of its own, on a free session, without waiting for it.
+    assert [r.row["id"] for s in harness.dispatcher.sessions for r in s.releasing] == ahead
+    harness.settle()
     steps = {s["id"]: s for s in harness.steps()}
     # Back in the queue, their attempts not spent.
     assert [(steps[i]["state"], steps[i]["attempt"]) for i in ahead] == [("available", 0)] * AHEAD
@@ -221,9 +224,7 @@ def test_a_finished_step_whose_statement_failed_goes_with_the_next(harness) -> N
         session.conn.pgconn.finish()
     harness.dispatcher.own_until = 0.0
     deadline = time.monotonic() + 10
-    while harness.dispatcher.taken or any(
-        s.batch is not None for s in harness.dispatcher.sessions
-    ):
+    while harness.dispatcher.taken or any(s.busy for s in harness.dispatcher.sessions):
         assert time.monotonic() < deadline
         harness.dispatcher.flush(harness.arbiter)
         harness.pump(0.01)

@@ -219,6 +219,11 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
     ) | {"kind": "error"},
     "step_release": lambda b: _fenced(b),
+    "steps_release": lambda b: {
+        "step_ids": [lease.step_id for lease in b.leases.values()],
+        "tokens": [lease.token for lease in b.leases.values()],
+        "now": None,
+    },
     "step_release_items": lambda b: _fenced(b, "map", item="1"),
     "step_park_child": lambda b: _fenced(
         b, "child", child_run_id="00000000-0000-0000-0000-000000000001", max_wait=3600.0
