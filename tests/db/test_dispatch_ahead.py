@@ -163,7 +163,7 @@ def test_a_worker_that_finished_is_answered_from_the_leases_taken_ahead(harness)
 def test_a_lease_taken_ahead_that_no_worker_takes_in_time_is_given_back(
     harness, monkeypatch
 ) -> None:
-    harness.env.client.submit_many(quick, list(range(4)))
+    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
     harness.want(1)
     harness.answer(1)
     harness.settle()
@@ -200,7 +200,7 @@ def test_closing_gives_the_leases_taken_ahead_back(env: TestEnv) -> None:
     env.register(quick)
     h = Harness(env, workers=1)
     try:
-        env.client.submit_many(quick, list(range(4)))
+        env.client.submit_many(quick, list(range(AHEAD + 2)))
         h.want(1)
         served = h.answer(1)
         h.settle()
@@ -209,7 +209,7 @@ def test_closing_gives_the_leases_taken_ahead_back(env: TestEnv) -> None:
         h.close()
     states = {s["id"]: (s["state"], s["attempt"]) for s in h.steps()}
     assert states.pop(served.lease["id"]) == ("running", 1)
-    assert sorted(states.values()) == [("available", 0)] * 3
+    assert sorted(states.values()) == [("available", 0)] * (AHEAD + 1)
 
 
 def test_a_finished_step_whose_statement_failed_goes_with_the_next(harness) -> None:
