@@ -165,6 +165,41 @@ def baseline_step(conn: Any, worker: str, shape: int) -> Step:
     return step
 
 
+# The same queue with one statement a step: the step held is completed (and its next step made,
+# or its run completed) and the next lease taken together, one commit. Issue 10 named it the
+# ceiling a design with one statement per step can reach; `runtime.py --baseline one`.
+BL1_STEP = """
+WITH done AS (
+    UPDATE bl_steps SET state = 'completed', completed_at = now()
+     WHERE id = %(held)s RETURNING run_id, seq, steps
+), made AS (
+    INSERT INTO bl_steps (run_id, seq, steps, state)
+    SELECT run_id, seq + 1, steps, 'available' FROM done WHERE seq < steps
+), finished AS (
+    UPDATE bl_runs SET state = 'completed'
+     WHERE id = (SELECT run_id FROM done WHERE seq >= steps)
+)
+UPDATE bl_steps SET state = 'running', attempt = attempt + 1, leased_by = %(worker)s
+ WHERE id = (SELECT id FROM bl_steps WHERE state = 'available'
+              ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id"""
+
+
+def baseline1_step(conn: Any, worker: str, shape: int) -> Step:
+    held: list[int | None] = [None]
+
+    def step() -> bool:
+        """True when a step was completed (the first call only leases)."""
+        row = conn.execute(BL1_STEP, {"held": held[0], "worker": worker}).fetchone()
+        completed = held[0] is not None
+        held[0] = None if row is None else row[0]
+        if row is not None:
+            _noop(None)
+        return completed
+
+    return step
+
+
 def baseline_fill(conn: Any, shape: int, runs: int) -> None:
     conn.execute(BL_SCHEMA)
     for start in range(0, runs, BATCH):
@@ -185,6 +220,7 @@ SELECT (SELECT count(*) FROM bl_runs) AS runs,
 SYSTEMS: dict[str, tuple[Callable[[Any, str, int], Step], str]] = {
     "engine": (engine_step, ENGINE_CHECK),
     "baseline": (baseline_step, BASELINE_CHECK),
+    "baseline1": (baseline1_step, BASELINE_CHECK),
 }
 
 

@@ -3,7 +3,8 @@
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
                             [--only throughput,kills,memory,respawns,cpu] [--strip]
-                            [--dispatch true|false|true,false] [--dsn DSN]
+                            [--dispatch true|false|true,false] [--baseline two|one]
+                            [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the `finished_at` of the last run,
@@ -12,7 +13,9 @@
   forked processes, and the ratio is supervisor / baseline. `--dispatch true,false` runs
   each config with the supervisor leasing for its workers and with each worker leasing on
   its own ([supervisor] dispatch). `--reps` repeats every config,
-  interleaved, and reports medians.
+  interleaved, and reports medians. `--baseline one`: the baseline completes a step and
+  leases the next in one statement, one commit a step (bench/engine.py, BL1_STEP), instead of
+  two.
 * kills: a handler that ignores ctx.done and SIGTERM, killed at its run's deadline, on cancel
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
   + timeout (all on the database clock, which is this host's) to the worker process seen dead
@@ -65,6 +68,8 @@ from cyclone.testing import TestEnv, server_dsn
 HERE = Path(__file__).resolve().parent
 # [supervisor] dispatch of every supervisor this script starts (--dispatch sets it per config).
 DISPATCH = "true"
+# The minimal loop the supervisor is compared with (--baseline): two commits a step, or one.
+BASELINE = "baseline"
 
 bench_1step, bench_5step = SHAPES[1], SHAPES[5]
 
@@ -187,7 +192,7 @@ def throughput(
         with TestEnv(dsn=base) as env:
             baseline_fill(env.conn, shape, runs)
             settle(env.conn, "bl_runs, bl_steps")
-            elapsed, _ = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
+            elapsed, _ = run_workers(env.dsn, BASELINE, shape, workers, runs * shape)
         return runs * shape / elapsed
 
     def supervisor() -> float:
@@ -250,7 +255,7 @@ def cpu_split(
         settle(env.conn, "bl_runs, bl_steps")
         meter = Meter(env.dsn)
         server = server_seconds(meter)
-        _, clients = run_workers(env.dsn, "baseline", shape, workers, runs * shape)
+        _, clients = run_workers(env.dsn, BASELINE, shape, workers, runs * shape)
         baseline = {"postgres": server_seconds(meter) - server, "clients": clients}
         meter.close()
     with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
@@ -442,8 +447,14 @@ def main(argv: list[str] | None = None) -> int:
         "--dispatch", default="true",
         help="throughput, cpu: [supervisor] dispatch, one value or both (true,false)",
     )  # fmt: skip
+    p.add_argument(
+        "--baseline", choices=("two", "one"), default="two",
+        help="throughput, cpu: the minimal loop with two commits a step (default) or one",
+    )  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
+    global BASELINE
+    BASELINE = "baseline1" if args.baseline == "one" else "baseline"
     modes = args.dispatch.split(",")
     if not set(modes) <= {"true", "false"}:
         p.error(f"--dispatch: true, false or true,false, not {args.dispatch!r}")
@@ -454,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     with connect("baseline", base) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
     drained = "VACUUM ANALYZE after each fill" if args.analyze else "never analyzed, as users drain"
-    print(f"cyclone {revision()}; PostgreSQL {version}; {os.cpu_count()} CPUs; {drained}")
+    print(f"cyclone {revision()}; PostgreSQL {version}; {os.cpu_count()} CPUs; {drained}; "
+          f"baseline: {args.baseline} commit(s) a step")  # fmt: skip
     started = time.perf_counter()
     if "throughput" in only:
         print(
