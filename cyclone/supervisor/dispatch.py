@@ -293,6 +293,7 @@ class Dispatcher:
                 waiting.append((handle, want))
                 continue
             ready = self.take_ready(f"{self.host}:{handle.pid}")
+            ready.row = aged(ready.row, now - ready.sent)
             if finished is None:
                 arbiter.on_message(handle, leased(ready.row, ready.sent))
             else:
@@ -312,18 +313,20 @@ class Dispatcher:
         return self.ready.pop(0)
 
     def ahead(self, arbiter: Handles, leasing: list[Any]) -> list[str]:
-        """Names to lease ahead for: one lease for each worker running a step or about to (in
-        `leasing`), in its name, when the steps are short (READY_BELOW), less those ready or
-        being taken already."""
+        """Names to lease ahead for: AHEAD leases for each worker about to run a step (in
+        `leasing`) or running one for less than READY_BELOW, in its name, when the steps are
+        short (READY_BELOW), less those ready or being taken already."""
         if self.duration >= READY_BELOW or arbiter.draining:
             return []
         asked = Counter(r.name for r in self.ready)
         for session in self.sessions:
             asked.update(session.ahead)
         serving = {id(h) for h in leasing}
+        # A worker whose step has run this long already is not about to ask.
+        recent = time.monotonic() - READY_BELOW
         return [
             name for h in arbiter.children.values()
-            if (id(h) in serving or h.lease is not None)
+            if (id(h) in serving or (h.lease is not None and h.lease.leased_at >= recent))
             and arbiter.may_lease(h, h.lease.step_id if h.lease is not None else None)
             for name in [f"{self.host}:{h.pid}"] * (AHEAD - asked[f"{self.host}:{h.pid}"])
         ]  # fmt: skip
@@ -504,6 +507,18 @@ class Dispatcher:
         self.own_until = time.monotonic() + OWN_FOR
         for handle, _ in batch:
             send_line(handle.fd, _OWN)
+
+
+def aged(row: dict[str, Any], age: float) -> dict[str, Any]:
+    """A lease row taken `age` seconds ago, as a worker starts its step now: the run's deadline
+    is that much nearer (the arbiter and the worker count what is left from now); the step's
+    timeout, which bounds the attempt, is counted from now."""
+    left, kill_after = row["deadline_left"], row["kill_after"]
+    if left is None:
+        return row
+    if kill_after is not None and kill_after >= left:
+        kill_after = kill_after - age  # the deadline is what kills it
+    return {**row, "deadline_left": left - age, "kill_after": kill_after}
 
 
 def leased(row: dict[str, Any], sent: float) -> channel.Leased:

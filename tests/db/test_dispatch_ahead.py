@@ -16,6 +16,7 @@ import cyclone
 from cyclone.child import channel
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.supervisor import dispatch as dispatch_module
+from cyclone.supervisor.children import held_lease
 from cyclone.supervisor.dispatch import AHEAD, Dispatcher
 from cyclone.testing import TestEnv
 
@@ -50,12 +51,13 @@ class Arbiter:
 
     def on_message(self, handle: Handle, message: channel.Message) -> None:
         if isinstance(message, channel.Leased):
-            handle.lease = message
+            handle.lease = held_lease(message, time.monotonic())
         elif isinstance(message, channel.Done):
             handle.lease = None
 
     def handed_over(self, handle: Handle, leased: channel.Leased) -> Any:
-        finished, handle.lease = handle.lease, leased
+        finished = handle.lease
+        self.on_message(handle, leased)
         return finished
 
     def finished_later(self, lease: Any, done: channel.Done) -> None:

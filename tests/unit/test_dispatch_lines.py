@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cyclone.child import channel
 from cyclone.engine.dispatch import lease_of
-from cyclone.supervisor.dispatch import given_line
+from cyclone.supervisor.dispatch import aged, given_line
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(),
@@ -59,3 +59,29 @@ def test_a_want_line_decodes_with_its_finished_task() -> None:
         finished={"step_id": 7, "token": "t", "run_id": "r", "last": False,
                   "next": [{"node": "b"}], "output": {"x": [1, 2]}},
     )  # fmt: skip
+
+
+times = st.floats(0.0, 1e6, allow_nan=False) | st.none()
+
+
+@given(kill_after=times, deadline_left=times, age=st.floats(0.0, 0.25))
+def test_a_lease_taken_ahead_keeps_its_runs_deadline_and_its_whole_timeout(
+    kill_after, deadline_left, age
+) -> None:
+    """Handed on `age` seconds after it was taken: the time left to the run's deadline shrinks
+    by the wait, and so does the kill when the deadline is what kills; a timeout does not."""
+    if kill_after is not None and deadline_left is not None:
+        kill_after = min(kill_after, deadline_left)  # as the statement computes it
+    before = {**row(None, None), "kill_after": kill_after, "deadline_left": deadline_left}
+    after = aged(before, age)
+    if deadline_left is None:
+        assert after == before
+        return
+    assert after["deadline_left"] == deadline_left - age
+    if kill_after is not None and kill_after >= deadline_left:
+        assert after["kill_after"] == kill_after - age
+    else:
+        assert after["kill_after"] == kill_after
+    assert {k: v for k, v in after.items() if k not in ("kill_after", "deadline_left")} == {
+        k: v for k, v in before.items() if k not in ("kill_after", "deadline_left")
+    }
