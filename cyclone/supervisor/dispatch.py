@@ -101,6 +101,7 @@ class Handles(Protocol):
 
     children: dict[int, Any]
     draining: bool
+    generation: int
 
     def handed_over(self, handle: Any, leased: channel.Leased) -> Any: ...
 
@@ -121,10 +122,16 @@ class Ready:
     row: dict[str, Any]
     sent: float  # when the statement that took it was sent: its lease started no earlier
     name: str
+    # The arbiter's config generation it was taken under: after a reload the workers may not
+    # serve its workflow any more, so it goes back instead.
+    generation: int = 0
 
-    def fresh(self, now: float) -> bool:
+    def fresh(self, now: float, generation: int) -> bool:
         age, kill_after = now - self.sent, self.row["kill_after"]
-        return age <= READY_FOR and (kill_after is None or age <= READY_SHARE * kill_after)
+        return (
+            generation == self.generation and age <= READY_FOR
+            and (kill_after is None or age <= READY_SHARE * kill_after)
+        )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -160,6 +167,7 @@ class Session:
         self.taken: list[Taken] = []
         self.ahead: list[str] = []  # the names of the leases it takes ahead
         self.releasing: list[Ready] = []  # in flight: steps_release, not steps_dispatch
+        self.generation = 0  # the arbiter's, as the statement in flight was sent
         self.sent = 0.0
 
     @property
@@ -273,9 +281,9 @@ class Dispatcher:
     def hand_over(self, arbiter: Handles) -> None:
         """Answer at once each worker that finished a task, from the leases taken ahead."""
         now = time.monotonic()
-        stale = [r for r in self.ready if not r.fresh(now)]
+        stale = [r for r in self.ready if not r.fresh(now, arbiter.generation)]
         if stale:
-            self.ready = [r for r in self.ready if r.fresh(now)]
+            self.ready = [r for r in self.ready if r.fresh(now, arbiter.generation)]
             self.stale.extend(stale)
         if self.stale and (session := self.free_session()) is not None:
             stale, self.stale = self.stale, []
@@ -388,7 +396,7 @@ class Dispatcher:
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()
-        session.taken, session.ahead = taken, ahead
+        session.taken, session.ahead, session.generation = taken, ahead, arbiter.generation
         try:
             session.send(params)
         except psycopg.Error as exc:
@@ -444,7 +452,7 @@ class Dispatcher:
         for i in range(len(ahead)):
             row = result.leases.get(len(leasing) + i)
             if row is not None:
-                self.ready.append(Ready(row, sent, ahead[i]))
+                self.ready.append(Ready(row, sent, ahead[i], session.generation))
         self.flush(arbiter)
 
     def answer(

@@ -43,6 +43,7 @@ class Arbiter:
 
     children: dict[int, Handle] = field(default_factory=dict)
     draining: bool = False
+    generation: int = 0
     later: list[tuple[int, str]] = field(default_factory=list)
 
     def may_lease(self, handle: Handle, finishing: int | None = None) -> bool:
@@ -180,6 +181,30 @@ def test_a_lease_taken_ahead_that_no_worker_takes_in_time_is_given_back(
     steps = {s["id"]: s for s in harness.steps()}
     # Back in the queue, their attempts not spent.
     assert [(steps[i]["state"], steps[i]["attempt"]) for i in ahead] == [("available", 0)] * AHEAD
+
+
+def test_leases_taken_ahead_under_an_old_config_go_back(harness) -> None:
+    """After a reload the new workers may not serve the workflows of the old config."""
+    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
+    harness.want(1)
+    first = harness.answer(1)
+    harness.settle()
+    ahead = [r.row["id"] for r in harness.dispatcher.ready]
+    assert len(ahead) == AHEAD
+    harness.arbiter.generation += 1  # SIGHUP: workers of the new config
+    harness.arbiter.children[2].lease = None
+    harness.want(2)
+    given = harness.answer(2)
+    harness.settle()
+    # Worker 2 got a step leased for it, not one of those; they went back, their attempts not
+    # spent (the new config's statement may have taken some ahead again since).
+    assert not given.taken and given.lease["id"] not in ahead
+    assert all(r.generation == 1 for r in harness.dispatcher.ready)
+    again = {r.row["id"] for r in harness.dispatcher.ready}
+    steps = {s["id"]: s for s in harness.steps()}
+    expected = {i: ("running", 1) if i in again else ("available", 0) for i in ahead}
+    assert {i: (steps[i]["state"], steps[i]["attempt"]) for i in ahead} == expected
+    assert steps[first.lease["id"]]["state"] == "running"
 
 
 def test_no_lease_is_taken_ahead_for_long_steps_or_while_draining(harness) -> None:
