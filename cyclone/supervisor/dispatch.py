@@ -84,11 +84,11 @@ DURATION_WEIGHT = 0.2
 # The longest a lease taken ahead waits for a worker, and the largest share of its step's time
 # to kill it may spend waiting: older, it is given back, its attempt not spent.
 READY_FOR = 0.25
+READY_SHARE = 0.05
 # Leases taken ahead in each worker's name. A worker that finds none waits for a whole
 # statement: with 1, 2, 3 and 4 of them, 4 workers with no-op steps found one for 50%, 70%,
 # 84% and 93% of their steps (bench/README.md, "The supervisor leases for its workers").
 AHEAD = 4
-READY_SHARE = 0.05
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
@@ -259,9 +259,14 @@ class Dispatcher:
         self.duration = READY_BELOW  # the average step length workers report: none yet
 
     def next_at(self) -> float | None:
-        """When the `want`s waiting for others must be sent (the loop wakes for it)."""
-        waiting = self.pending or self.taken
-        return self.first_at + LINGER if waiting and self.first_at else None
+        """When the `want`s waiting for others must be sent (the loop wakes for it). None
+        while every session has a statement in flight: the first answer wakes the loop (a
+        time already past would have it spin until then)."""
+        if not ((self.pending or self.taken) and self.first_at):
+            return None
+        if len(self.sessions) >= self.size and all(s.busy for s in self.sessions):
+            return None
+        return max(self.first_at + LINGER, self.own_until)
 
     def want(self, handle: Any, message: channel.Want) -> None:
         if message.duration is not None:
