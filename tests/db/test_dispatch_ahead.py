@@ -258,3 +258,28 @@ def test_a_finished_step_whose_statement_failed_goes_with_the_next(harness) -> N
         harness.dispatcher.own_until = 0.0  # the test does not wait out the pause
     assert harness.arbiter.later == [(first.lease["id"], "completed")]
     assert harness.env.client.get_run(runs[0]).output == {"only": "kept"}
+
+
+def test_the_loop_wakes_for_the_linger_the_pause_or_an_answer_never_a_time_past(
+    harness,
+) -> None:
+    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
+    harness.want(1)
+    first = harness.answer(1)
+    harness.settle()
+    harness.want(1, harness.finished(first, "one"))
+    assert harness.answer(1, timeout=0.05).taken
+    d = harness.dispatcher
+    assert d.next_at() == d.first_at + dispatch_module.LINGER
+    d.own_until = time.monotonic() + 5  # workers lease on their own: nothing to send till then
+    assert d.next_at() == d.own_until
+    d.own_until = 0.0
+    busy = [s for s in d.sessions if not s.busy]
+    for s in busy:
+        s.batch = []  # every session with a statement in flight: its answer wakes the loop
+    d.size = len(d.sessions)
+    assert d.next_at() is None
+    for s in busy:
+        s.batch = None
+    harness.settle()
+    assert harness.arbiter.later == [(first.lease["id"], "completed")]
