@@ -267,8 +267,7 @@ class Arbiter:
             self.events.leased(handle.lease)
         elif isinstance(message, channel.Done):
             if handle.lease is not None and handle.lease.step_id == message.step_id:
-                self.events.finished(handle.lease, message.outcome, message.duration)
-                log_outcome(handle.lease, message)
+                self.step_finished(handle.lease, message)
                 handle.lease = None
             handle.steps += 1
         elif isinstance(message, channel.Beat):
@@ -289,15 +288,16 @@ class Arbiter:
     def handed_over(self, handle: WorkerHandle, leased: channel.Leased) -> HeldLease | None:
         """The worker finished its step and took a lease the supervisor held ready for it
         (supervisor/dispatch.py): it holds the new lease now. The finished step's outcome is
-        known once it is recorded (`finished_later`); the lease it was is returned for that."""
+        known once it is recorded (`step_finished`); the lease it was is returned for that."""
         finished = handle.lease
         handle.lease = None
         handle.steps += 1
         self.on_message(handle, leased)
         return finished
 
-    def finished_later(self, lease: HeldLease | None, done: channel.Done) -> None:
-        """The outcome of a step its worker handed over, recorded since (see handed_over)."""
+    def step_finished(self, lease: HeldLease | None, done: channel.Done) -> None:
+        """A step's outcome, for the lease it was: from its worker's `done`, or once recorded
+        for a worker that took its next step already (see handed_over)."""
         if lease is not None and lease.step_id == done.step_id:
             self.events.finished(lease, done.outcome, done.duration)
             log_outcome(lease, done)

@@ -48,9 +48,10 @@ from cyclone.engine.dispatch import (
     Finished,
     dispatch_params,
     floor_params,
+    release,
     release_params,
 )
-from cyclone.engine.steps import _LeaseFloor, release_step
+from cyclone.engine.steps import _LeaseFloor
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ class Handles(Protocol):
 
     def handed_over(self, handle: Any, leased: channel.Leased) -> Any: ...
 
-    def finished_later(self, lease: Any, done: channel.Done) -> None: ...
+    def step_finished(self, lease: Any, done: channel.Done) -> None: ...
 
     def may_lease(self, handle: Any, finishing: int | None = None) -> bool: ...
 
@@ -178,7 +179,7 @@ class Session:
         return self.fd
 
     def send(self, params: dict[str, str | None]) -> None:
-        values = [None if v is None else v.encode() for v in (params[n] for n in DISPATCH_PARAMS)]
+        values = _values(params, DISPATCH_PARAMS)
         if self.prepared:
             self.pg.send_query_prepared(_PREPARED, values)
         else:
@@ -188,9 +189,8 @@ class Session:
     def send_release(self, ready: list[Ready]) -> None:
         """Give back leases taken ahead (rare: sent unprepared)."""
         params = release_params([(r.row["id"], r.row["lease_token"]) for r in ready])
-        values = [None if v is None else v.encode() for v in (params[n] for n in RELEASE_PARAMS)]
         self.releasing = ready
-        self.pg.send_query_params(RELEASE_SQL.encode(), values)
+        self.pg.send_query_params(RELEASE_SQL.encode(), _values(params, RELEASE_PARAMS))
         self.flush()
 
     def flush(self) -> None:
@@ -220,6 +220,11 @@ class Session:
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _values(params: dict[str, str | None], names: Sequence[str]) -> list[bytes | None]:
+    """A statement's parameters in its order, as libpq takes them."""
+    return [None if v is None else v.encode() for v in (params[n] for n in names)]
 
 
 def _message(result: pq.abc.PGresult) -> str:
@@ -286,10 +291,10 @@ class Dispatcher:
     def hand_over(self, arbiter: Handles) -> None:
         """Answer at once each worker that finished a task, from the leases taken ahead."""
         now = time.monotonic()
-        stale = [r for r in self.ready if not r.fresh(now, arbiter.generation)]
-        if stale:
-            self.ready = [r for r in self.ready if r.fresh(now, arbiter.generation)]
-            self.stale.extend(stale)
+        fresh: list[Ready] = []
+        for ready in self.ready:
+            (fresh if ready.fresh(now, arbiter.generation) else self.stale).append(ready)
+        self.ready = fresh
         if self.stale and (session := self.free_session()) is not None:
             stale, self.stale = self.stale, []
             try:
@@ -307,10 +312,11 @@ class Dispatcher:
                 continue
             ready = self.take_ready(f"{self.host}:{handle.pid}")
             ready.row = aged(ready.row, now - ready.sent)
+            report = leased(ready.row, ready.sent)
             if finished is None:
-                arbiter.on_message(handle, leased(ready.row, ready.sent))
+                arbiter.on_message(handle, report)
             else:
-                held = arbiter.handed_over(handle, leased(ready.row, ready.sent))
+                held = arbiter.handed_over(handle, report)
                 self.taken.append(Taken(held, finished, want.duration or 0.0))
                 if not self.first_at:
                     self.first_at = now
@@ -351,8 +357,7 @@ class Dispatcher:
             return
         try:
             with connect_briefly(self.dsn, STATEMENT_TIMEOUT_MS, "cyclone-dispatch") as conn:
-                for r in ready:
-                    release_step(conn, r.row["id"], r.row["lease_token"])
+                release(conn, [(r.row["id"], r.row["lease_token"]) for r in ready])
         except psycopg.Error as exc:
             # They come back through lease expiry instead (an attempt spent each).
             log.warning("could not give back %d leases taken ahead: %s", len(ready), exc)
@@ -451,7 +456,7 @@ class Dispatcher:
             outcome = "completed" if step_id in result.completed else "lost"
             if outcome == "lost":
                 log.warning("step %d: lease lost, result discarded", step_id)
-            arbiter.finished_later(
+            arbiter.step_finished(
                 taken_one.held, channel.Done(step_id, outcome, taken_one.duration)
             )
         for i in range(len(ahead)):

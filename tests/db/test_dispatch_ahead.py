@@ -61,7 +61,7 @@ class Arbiter:
         self.on_message(handle, leased)
         return finished
 
-    def finished_later(self, lease: Any, done: channel.Done) -> None:
+    def step_finished(self, lease: Any, done: channel.Done) -> None:
         assert lease.step_id == done.step_id
         self.later.append((done.step_id, done.outcome))
 
