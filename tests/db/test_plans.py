@@ -311,11 +311,9 @@ def test_statement_cost_does_not_follow_the_backlog(backlog: Backlog, name: str,
         bound += params["cap"] // 10 + 5 * PAUSED  # it counts the queue too, as status_queue
     assert result.buffers <= bound, _explain_failure(backlog, name, mode, result)
     assert result.sorted_rows() <= 500, _explain_failure(backlog, name, mode, result)
-    rows = SCAN_ROWS
-    if name == "status_queue" or name == "metrics_gauges":
-        rows = params["cap"] + 5 * PAUSED
-    if name in COUNTS:
-        rows += LIVE_RUNS  # what they count: every live run, once
+    # The counts of live runs read each once. The queue counts' walk to their cap is inside
+    # cyclone_due_count, which the plan does not show: the buffers above bound it.
+    rows = SCAN_ROWS + (LIVE_RUNS if name in COUNTS else 0)
     assert result.scanned_rows() <= rows, _explain_failure(backlog, name, mode, result)
 
 
