@@ -643,11 +643,9 @@ CHECKS = {
         SELECT count(*) FROM cyclone_steps s
          WHERE s.state = 'completed' AND (s.kind = 'task' OR s.item_index IS NOT NULL)
            AND s.workflow <> 'chaos-quick'
-           AND (SELECT count(*) FROM chaos_effects e WHERE e.step_id = s.id) <> 1
-            OR s.state = 'completed' AND (s.kind = 'task' OR s.item_index IS NOT NULL)
-           AND s.workflow <> 'chaos-quick'
-           AND NOT EXISTS (SELECT 1 FROM chaos_effects e
-                            WHERE e.step_id = s.id AND e.attempt = s.attempt)""",
+           AND ((SELECT count(*) FROM chaos_effects e WHERE e.step_id = s.id) <> 1
+                OR NOT EXISTS (SELECT 1 FROM chaos_effects e
+                                WHERE e.step_id = s.id AND e.attempt = s.attempt))""",
     "effects of steps that did not complete": """
         SELECT count(*) FROM chaos_effects e JOIN cyclone_steps s ON s.id = e.step_id
          WHERE s.state <> 'completed'""",
