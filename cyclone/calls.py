@@ -107,6 +107,14 @@ def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
     return secs if secs > 0 else 0.0
 
 
+def check_priority(priority: int | None) -> None:
+    """A submit's priority: None (the workflow's) or an integer from 1 (leased first) to 5."""
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 5:
+        raise ValueError(f"priority: expected an integer from 1 (first) to 5, got {priority!r}")
+
+
 def timeout_seconds(timeout: timedelta | float | int | None) -> float | None:
     """Seconds a wait may take (None: no limit; zero or less: look once)."""
     if timeout is None:
@@ -197,8 +205,10 @@ class Calls:
         input: Any,
         run_deadline: timedelta | float | None,
         key: str | None,
+        priority: int | None = None,
     ) -> Call[tuple[list[str], str | None]]:
         """Returns ([run id], hash of a graph registered on the way, if any)."""
+        check_priority(priority)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: expected a non-empty string, got {key!r}")
         if key is not None:
@@ -207,18 +217,24 @@ class Calls:
             check_workflow_name(workflow)
         text = encode_json(input, "input", self.max_payload_bytes)
         deadline = deadline_seconds(run_deadline)
-        return self._insert_runs(workflow, [str(uuid.uuid4())], [text], deadline, key)
+        return self._insert_runs(workflow, [str(uuid.uuid4())], [text], deadline, key, priority)
 
     def _submit_many_call(
-        self, workflow: Workflow | str, inputs: Iterable[Any], run_deadline: Any
+        self,
+        workflow: Workflow | str,
+        inputs: Iterable[Any],
+        run_deadline: Any,
+        priority: int | None = None,
     ) -> Call[tuple[list[str], str | None]]:
+        check_priority(priority)
         if not isinstance(workflow, Workflow):
             check_workflow_name(workflow)
         texts = [
             encode_json(inp, f"inputs[{i}]", self.max_payload_bytes) for i, inp in enumerate(inputs)
         ]
         deadline = deadline_seconds(run_deadline)
-        return self._insert_runs(workflow, [str(uuid.uuid4()) for _ in texts], texts, deadline)
+        ids = [str(uuid.uuid4()) for _ in texts]
+        return self._insert_runs(workflow, ids, texts, deadline, None, priority)
 
     def _insert_runs(
         self,
@@ -227,11 +243,12 @@ class Calls:
         texts: list[str],
         deadline: float,
         key: str | None = None,
+        priority: int | None = None,
     ) -> Call[tuple[list[str], str | None]]:
         graph, fresh = yield from self._graph(workflow)
         params = submit_params(
             graph.workflow, graph.hash, ids, texts, [graph.nodes[n] for n in graph.roots],
-            deadline=deadline, key=key, now=self._clock(),
+            deadline=deadline, key=key, now=self._clock(), priority=priority,
         )  # fmt: skip
         inserted = yield Statement("run_submit", params)
         if key is None or inserted:

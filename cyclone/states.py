@@ -39,6 +39,7 @@ class ErrorKind(StrEnum):
     MAX_WAIT = "max_wait"
     CHILD_FAILED = "child_failed"
     CANCELLED = "cancelled"
+    TOO_MANY_ITEMS = "too_many_items"
 
     @property
     def retried(self) -> bool:

@@ -52,11 +52,16 @@ class NodeSpec:
     max_wait: float | None = None
     duration: float | None = None
     child: str | None = None
+    # A map's cap on its items (None: not a map). Left out of the JSON while unset, so that the
+    # graphs (and their hashes) of workflows without maps are those registered before it.
+    max_items: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "kind": str(self.kind), "after": list(self.after)}
         for key in ("max_attempts", "timeout", "signal", "max_wait", "duration", "child"):
             out[key] = getattr(self, key)
+        if self.max_items is not None:
+            out["max_items"] = self.max_items
         return out
 
     @classmethod
@@ -71,6 +76,7 @@ class NodeSpec:
             max_wait=data.get("max_wait"),
             duration=data.get("duration"),
             child=data.get("child"),
+            max_items=data.get("max_items"),
         )
 
 
@@ -175,13 +181,37 @@ class Node:
         return f"<Node {self.workflow.name}/{self.name} {self.spec.kind}>"
 
 
-class Workflow:
-    """A named graph of nodes. Nodes may only run after nodes defined before them."""
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 3
+# A map whose items exceed this fails its step (kind too_many_items) unless the node says more:
+# the items are made in one transaction, and a runaway list must not make millions of steps.
+DEFAULT_MAX_ITEMS = 10_000
 
-    def __init__(self, name: str) -> None:
+
+class Workflow:
+    """A named graph of nodes. Nodes may only run after nodes defined before them.
+
+    `queue` names the queue its runs go to (`[supervisor] queues` says which a VM serves);
+    `priority` (1 leased first, 5 last) is its runs' default, which a submit may override.
+    """
+
+    def __init__(
+        self, name: str, *, queue: str = DEFAULT_QUEUE, priority: int = DEFAULT_PRIORITY
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise GraphError(f"a workflow needs a non-empty name, got {name!r}")
+        if not isinstance(queue, str) or not queue or queue != queue.strip() or len(queue) > 100:
+            raise GraphError(
+                f"workflow {name!r}: queue: expected a name of 1 to 100 characters, got {queue!r}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 5:
+            raise GraphError(
+                f"workflow {name!r}: priority: expected an integer from 1 (first) to 5, "
+                f"got {priority!r}"
+            )
         self.name = name
+        self.queue = queue
+        self.priority = priority
         self._nodes: dict[str, Node] = {}
         self._graph: Graph | None = None
 
@@ -235,13 +265,23 @@ class Workflow:
         after: Sequence[Node | str] = (),
         timeout: Duration | None = DEFAULT_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_items: int = DEFAULT_MAX_ITEMS,
     ) -> Any:
-        """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`)."""
+        """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`).
+
+        More than `max_items` items fail the step at once (kind `too_many_items`)."""
         if not callable(items):
             raise GraphError(f"workflow {self.name!r}: map items must be a callable(ctx) -> list")
 
         def wrap(f: Callable[..., Any]) -> Node:
-            spec = self._spec(name or f.__name__, NodeKind.MAP, after, timeout, max_attempts)
+            node_name = name or f.__name__
+            if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+                raise GraphError(
+                    f"{self._what(node_name, 'max_items')}: expected an integer >= 1, "
+                    f"got {max_items!r}"
+                )
+            spec = self._spec(node_name, NodeKind.MAP, after, timeout, max_attempts)
+            spec = _replace(spec, max_items=max_items)
             return self._add(Node(self, spec, fn=f, items=items))
 
         return wrap(fn) if fn is not None else wrap

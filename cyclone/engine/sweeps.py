@@ -165,6 +165,15 @@ def sweep_stale_supervisors(
         return len(conn.execute(QUERIES["sweep_stale_supervisors"], params).fetchall())
 
 
+def sweep_fair_clock(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Move each queue's fair clock up to the largest pass in service; returns the queues
+    moved. Runs of a group with nothing queued start at that clock (docs/flow-control.md)."""
+    with conn.transaction():
+        return len(conn.execute(QUERIES["sweep_fair_clock"], {}).fetchall())
+
+
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """One entry of `SWEEPS`: everything the scanner and the harness need to run a sweep."""
@@ -203,6 +212,7 @@ SWEEPS = (
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
+    Sweep("fair_clock", sweep_fair_clock),
 )
 
 

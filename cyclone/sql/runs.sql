@@ -7,10 +7,16 @@ VALUES (%(hash)s, %(workflow)s, %(graph)s::jsonb)
 ON CONFLICT (hash) DO NOTHING;
 
 -- name: workflow_register
-INSERT INTO cyclone_workflows (name, graph_hash)
-VALUES (%(workflow)s, %(hash)s)
-ON CONFLICT (name) DO UPDATE SET graph_hash = excluded.graph_hash, updated_at = now()
-WHERE cyclone_workflows.graph_hash <> excluded.graph_hash;
+-- The workflow's current graph, queue and default priority; its queue gets its row.
+WITH queue AS (
+    INSERT INTO cyclone_queues (name) VALUES (%(queue)s) ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO cyclone_workflows (name, graph_hash, queue, priority)
+VALUES (%(workflow)s, %(hash)s, %(queue)s, %(priority)s)
+ON CONFLICT (name) DO UPDATE SET graph_hash = excluded.graph_hash, queue = excluded.queue,
+                                 priority = excluded.priority, updated_at = now()
+WHERE (cyclone_workflows.graph_hash, cyclone_workflows.queue, cyclone_workflows.priority)
+      IS DISTINCT FROM (excluded.graph_hash, excluded.queue, excluded.priority);
 
 -- name: workflow_get
 SELECT g.hash, g.graph
@@ -22,27 +28,55 @@ SELECT hash, graph FROM cyclone_graphs WHERE hash = %(hash)s;
 
 -- name: run_submit
 -- Create runs and their root steps in one statement. An idempotency key that is already taken
--- inserts nothing (and so no steps); run_by_key then finds the run that owns it.
-WITH runs AS (
+-- inserts nothing (and so no steps); run_by_key then finds the run that owns it. Each run takes
+-- its workflow's queue, the priority given (else the workflow's), and its fair pass: the later
+-- of its queue's clock and its group's last pass among live runs, plus its rank in the group
+-- among the runs of this statement (schema.sql, cyclone_runs.pass). The group's last pass is
+-- read, not locked: two submits at once may give the same pass, which only ties the order.
+WITH wf AS (
+    SELECT coalesce((SELECT w.queue FROM cyclone_workflows w
+                      WHERE w.name = %(workflow)s), 'default') AS queue,
+           coalesce(%(priority)s::smallint,
+                    (SELECT w.priority FROM cyclone_workflows w WHERE w.name = %(workflow)s),
+                    3) AS priority
+), clock AS (
+    SELECT wf.queue, wf.priority,
+           coalesce((SELECT q.pass FROM cyclone_queues q WHERE q.name = wf.queue), 0) AS pass
+      FROM wf
+), v AS (
+    SELECT v.id, v.input, v.ckey,
+           row_number() OVER (PARTITION BY coalesce(v.ckey, '') ORDER BY v.n) AS rank
+      FROM unnest(%(ids)s::uuid[], %(inputs)s::text[], %(ckeys)s::text[])
+           WITH ORDINALITY AS v (id, input, ckey, n)
+), groups AS (
+    SELECT g.ckey,
+           (SELECT max(r.pass) FROM cyclone_runs r
+             WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
+               AND r.state IN ('running', 'paused') AND r.pass > 0) AS last
+      FROM (SELECT DISTINCT coalesce(v.ckey, '') AS ckey FROM v) AS g
+), runs AS (
     INSERT INTO cyclone_runs (id, workflow, graph_hash, state, input, idempotency_key,
-                              parent_run_id, parent_step_id, created_at, deadline_at)
+                              parent_run_id, parent_step_id, created_at, deadline_at, queue,
+                              priority, pass, concurrency_key)
     SELECT v.id, %(workflow)s, %(hash)s, 'running', v.input::jsonb, %(key)s,
            %(parent_run_id)s, %(parent_step_id)s, coalesce(%(now)s::timestamptz, now()),
            CASE WHEN %(deadline)s::float8 > 0
                 THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(deadline)s)
-           END
-      FROM unnest(%(ids)s::uuid[], %(inputs)s::text[]) AS v (id, input)
+           END,
+           clock.queue, clock.priority,
+           greatest(clock.pass, groups.last) + v.rank, v.ckey
+      FROM v JOIN groups ON groups.ckey = coalesce(v.ckey, ''), clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id, priority, pass
 ), roots AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at)
+                               signal, available_at, due_at, created_at, priority, pass)
     SELECT runs.id, %(workflow)s, n.node, n.kind,
            cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()), runs.priority, runs.pass
       FROM runs,
            unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
                   %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])

@@ -30,7 +30,7 @@ CREATE DOMAIN cyclone_node_kind AS text
 -- Why a step attempt failed or a step was dead-lettered.
 CREATE DOMAIN cyclone_error_kind AS text
     CHECK (VALUE IN ('error', 'timeout', 'crashed', 'lease_expired', 'deadline', 'max_wait',
-                     'child_failed', 'cancelled'));
+                     'child_failed', 'cancelled', 'too_many_items'));
 
 -- What a node kind implies: the state its step starts in (and comes back to when the DLQ
 -- re-drives it), for every statement that makes or remakes steps. Waits and sleeps wait for
@@ -60,7 +60,19 @@ CREATE TABLE cyclone_graphs (
 CREATE TABLE cyclone_workflows (
     name        text PRIMARY KEY,
     graph_hash  text NOT NULL REFERENCES cyclone_graphs (hash),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- Flow control (migration 14): the queue its runs go to, and their default priority.
+    queue       text NOT NULL DEFAULT 'default',
+    priority    smallint NOT NULL DEFAULT 3 CHECK (priority BETWEEN 1 AND 5)
+);
+
+-- The queues registered workflows name. `pass` is the queue's fair clock: the largest pass
+-- of its steps in service, kept by the fair_clock sweep; a run submitted to a group with no
+-- live run starts there (see cyclone_runs.pass).
+CREATE TABLE cyclone_queues (
+    name       text PRIMARY KEY,
+    pass       bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now()
 );
 
 ------------------------------------------------------------------------------------------------
@@ -89,7 +101,17 @@ CREATE TABLE cyclone_runs (
     finished_at     timestamptz,
     -- A client waits for this run: its end is notified on channel cyclone_run_ended (the
     -- trigger cyclone_runs_ended below).
-    waited          boolean NOT NULL DEFAULT false
+    waited          boolean NOT NULL DEFAULT false,
+    -- Flow control (migration 14). The workflow's queue and the run's priority (1 is leased
+    -- first), copied to its steps.
+    queue           text NOT NULL DEFAULT 'default',
+    priority        smallint NOT NULL DEFAULT 3,
+    -- Its place in its queue's start-time fair queue: the later of the queue's clock and one
+    -- past the last pass of its group's live runs (a group: the workflow and concurrency key).
+    -- Its steps take this pass (a map's items add their index).
+    pass            bigint NOT NULL DEFAULT 0,
+    -- The key its workflow's concurrency is counted by, computed at submit (NULL: none).
+    concurrency_key text
 );
 
 -- Children of a run (cancel and fail go down the tree).
@@ -109,6 +131,12 @@ CREATE UNIQUE INDEX cyclone_runs_idempotency_idx ON cyclone_runs (idempotency_ke
 -- live led the planner to read every live run).
 CREATE INDEX cyclone_runs_live_idx ON cyclone_runs (state, deadline_at)
     WHERE state IN ('running', 'paused');
+-- A group's last pass among its live runs, read at submit. `pass > 0` (every run submitted
+-- since has one) keeps the planner from taking it for a lookup of live runs by id: other
+-- statements' `state IN ('running', 'paused')` does not imply it.
+CREATE INDEX cyclone_runs_fair_idx
+    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), pass)
+    WHERE state IN ('running', 'paused') AND pass > 0;
 
 ------------------------------------------------------------------------------------------------
 -- Steps: one row per node instance of a run (a map node has one row per item, and one for the
@@ -156,15 +184,24 @@ CREATE TABLE cyclone_steps (
     completed_at     timestamptz,
     -- When the step's current gate (retry available_at, or due_at) was set: a gate set during
     -- a pause starts counting at resume, so resume gives back only the paused part of a gate.
-    gated_at         timestamptz
+    gated_at         timestamptz,
+    -- Its run's priority and its fair pass (migration 14): the lease order.
+    priority         smallint NOT NULL DEFAULT 3,
+    pass             bigint NOT NULL DEFAULT 0
 );
 
 -- One step per node instance: advancing a run twice cannot create a node twice. Its leading
 -- column also serves every lookup of a run's steps.
 CREATE UNIQUE INDEX cyclone_steps_node_idx
     ON cyclone_steps (run_id, node, item_index) NULLS NOT DISTINCT;
--- Lease candidates, in the order they are leased (see cyclone_lease_candidate).
+-- Due steps in the order they became due: the oldest due step and the due count (status,
+-- metrics).
 CREATE INDEX cyclone_steps_available_idx ON cyclone_steps (available_at, id)
+    WHERE state = 'available';
+-- Lease candidates, in the order they are leased (see cyclone_lease_candidate). available_at
+-- is the last key column so that steps not yet due (a retry in its backoff) are passed over
+-- inside the index, without a visit to the table.
+CREATE INDEX cyclone_steps_ready_idx ON cyclone_steps (priority, pass, id, available_at)
     WHERE state = 'available';
 -- Sleep wake-ups and max_wait expiry.
 CREATE INDEX cyclone_steps_due_idx ON cyclone_steps (due_at)
@@ -352,7 +389,7 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
 --
 -- Functions so that the planner settings they carry apply to them alone (a function's SET
 -- lasts for its call: nothing leaks into the session or through a pooler). With no sort, only
--- cyclone_steps_available_idx gives the order; with no hash join, no plan builds a table of
+-- cyclone_steps_ready_idx gives the order; with no hash join, no plan builds a table of
 -- every run. What is left walks the index and looks each candidate's run up by its primary
 -- key, whatever the statistics say (on a table never analyzed, or analyzed while the queue was
 -- empty, the planner otherwise sorted the whole backlog for every lease). A forced generic
@@ -360,33 +397,40 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
 -- these are set; see bench/README.md for the figures.
 ------------------------------------------------------------------------------------------------
 
--- `after_at, after_id`: where this caller's last lease was in the index (NULL: from the start).
--- Leased steps leave dead entries at the left edge of the index until VACUUM, and a scan from
+-- `after_priority, after_pass, after_id`: where this caller's last lease was in the index
+-- (NULL: from the start). Leased steps leave dead entries behind until VACUUM, and a scan from
 -- the start walks them all; starting after the last lease skips them. A step that becomes
--- available behind that point is found by a scan from the start, which callers make when a
--- lease from their point finds nothing, and at least once a second (cyclone/engine/steps.py).
+-- available behind that point (a run of a group that had nothing queued, a chain's next step,
+-- a retry whose backoff ended) is found by a scan from the start, which callers make when a
+-- lease from their point finds nothing, and every FULL_SCAN_EVERY (cyclone/engine/steps.py).
 -- `go` false returns nothing (a lease that must not look); `other_than` skips one run.
 CREATE FUNCTION cyclone_lease_candidate(
-    go boolean, other_than uuid, at timestamptz, workflows text[], after_at timestamptz,
-    after_id bigint
-) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
-                graph_hash text, parent_run_id uuid)
+    go boolean, other_than uuid, at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 1
 SET enable_sort = off
 SET enable_hashjoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+    SELECT s.id, s.available_at, s.priority, s.pass, r.input, r.deadline_at, r.graph_hash,
+           r.parent_run_id
       FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
+      -- By primary key, always: OFFSET 0 keeps the lookup a subquery of its own, whose one
+      -- condition is the id, so the run's state below cannot lead the planner to walk
+      -- cyclone_runs_live_idx for each step (it did, on statistics of a drained history).
+      JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
+                      FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
      WHERE go AND s.state = 'available'
        AND s.run_id IS DISTINCT FROM other_than
        AND s.available_at <= at
-       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
+       AND (s.priority, s.pass, s.id)
+           > (coalesce(after_priority, 0), coalesce(after_pass, -1), coalesce(after_id, 0))
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
-     ORDER BY s.available_at, s.id
+     ORDER BY s.priority, s.pass, s.id
      LIMIT 1
        FOR UPDATE OF s SKIP LOCKED
 $$;
@@ -394,26 +438,29 @@ $$;
 -- The same, for up to `want` steps at once (the supervisor leasing for its idle workers:
 -- steps_dispatch); `other_than` skips the runs whose steps the same statement completes.
 CREATE FUNCTION cyclone_lease_candidates(
-    want integer, other_than uuid[], at timestamptz, workflows text[], after_at timestamptz,
-    after_id bigint
-) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
-                graph_hash text, parent_run_id uuid)
+    want integer, other_than uuid[], at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 8
 SET enable_sort = off
 SET enable_hashjoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+    SELECT s.id, s.available_at, s.priority, s.pass, r.input, r.deadline_at, r.graph_hash,
+           r.parent_run_id
       FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
+      JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
+                      FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
      WHERE want > 0 AND s.state = 'available'
        AND NOT (s.run_id = ANY (coalesce(other_than, '{}')))
        AND s.available_at <= at
-       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
+       AND (s.priority, s.pass, s.id)
+           > (coalesce(after_priority, 0), coalesce(after_pass, -1), coalesce(after_id, 0))
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
-     ORDER BY s.available_at, s.id
+     ORDER BY s.priority, s.pass, s.id
      LIMIT greatest(want, 0)
        FOR UPDATE OF s SKIP LOCKED
 $$;

@@ -167,3 +167,17 @@ SELECT min(t) AS at FROM (
     UNION ALL
     SELECT min(deadline_at) FROM cyclone_runs WHERE state = 'running'
 ) AS gates;
+
+-- name: sweep_fair_clock
+-- Each queue's fair clock moves up to the largest pass among its steps in service (schema.sql,
+-- cyclone_runs.pass): a run of a group with nothing queued starts there, in front of the
+-- backlogs of other groups, behind what is already being served. Running steps are at most one
+-- per worker of the fleet, walked through cyclone_steps_running_idx; a clock never goes back.
+UPDATE cyclone_queues q
+   SET pass = m.pass
+  FROM (SELECT r.queue, max(s.pass) AS pass
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.state = 'running'
+         GROUP BY r.queue) AS m
+ WHERE q.name = m.queue AND m.pass > q.pass
+RETURNING q.name;

@@ -159,14 +159,19 @@ def test_a_sweep_that_changed_nothing_logs_nothing(caplog) -> None:
 def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     options = ScannerOptions(dsn="", interval=1, batch_size=10, retention=0)
     names = [s.name for s in make_sweeps(options)]
-    assert names == ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors"]
+    assert names == [
+        "deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors", "fair_clock"
+    ]  # fmt: skip
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
     assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)
 
 
 # The labels of the sweeps' counts on the scanner's `scanned` pipe line and in its log lines:
 # the supervisor's metrics and operators' log queries read them, so they never change.
-LABELS = ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors", "retention"]
+LABELS = [
+    "deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors", "retention",
+    "fair_clock",
+]  # fmt: skip
 
 
 def test_every_sweep_has_one_name_for_its_label_statement_and_function() -> None:
