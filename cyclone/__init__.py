@@ -25,11 +25,12 @@ from cyclone.errors import (
 from cyclone.migrate import migrate
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
-from cyclone.workflow import Node, Registry, Workflow
+from cyclone.workflow import Concurrency, Node, Registry, Workflow
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "Concurrency",
     "ConfigError",
     "CycloneError",
     "ErrorKind",

@@ -35,7 +35,10 @@ from cyclone.errors import RunCancelled, RunFailed, RunNotFound, StepNotFound
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS, RunState
-from cyclone.workflow import Graph, Workflow
+from cyclone.workflow import Graph, Workflow, concurrency_key
+
+# A workflow's concurrency as a submit needs it: how to compute a run's key, and the limit.
+Limit = tuple[str | Callable[[Any], Any], int]
 
 T = TypeVar("T")
 Clock = Callable[[], datetime | None]
@@ -217,7 +220,9 @@ class Calls:
             check_workflow_name(workflow)
         text = encode_json(input, "input", self.max_payload_bytes)
         deadline = deadline_seconds(run_deadline)
-        return self._insert_runs(workflow, [str(uuid.uuid4())], [text], deadline, key, priority)
+        return self._insert_runs(
+            workflow, [str(uuid.uuid4())], [text], deadline, key, priority, [input]
+        )
 
     def _submit_many_call(
         self,
@@ -229,12 +234,13 @@ class Calls:
         check_priority(priority)
         if not isinstance(workflow, Workflow):
             check_workflow_name(workflow)
+        inputs = list(inputs)
         texts = [
             encode_json(inp, f"inputs[{i}]", self.max_payload_bytes) for i, inp in enumerate(inputs)
         ]
         deadline = deadline_seconds(run_deadline)
         ids = [str(uuid.uuid4()) for _ in texts]
-        return self._insert_runs(workflow, ids, texts, deadline, None, priority)
+        return self._insert_runs(workflow, ids, texts, deadline, None, priority, inputs)
 
     def _insert_runs(
         self,
@@ -244,31 +250,52 @@ class Calls:
         deadline: float,
         key: str | None = None,
         priority: int | None = None,
+        inputs: list[Any] | None = None,
     ) -> Call[tuple[list[str], str | None]]:
-        graph, fresh = yield from self._graph(workflow)
+        graph, fresh, limit = yield from self._graph(workflow)
+        ckeys = None
+        if limit is not None:
+            ckeys = [concurrency_key(limit[0], inp) for inp in inputs or ()]
         params = submit_params(
             graph.workflow, graph.hash, ids, texts, [graph.nodes[n] for n in graph.roots],
-            deadline=deadline, key=key, now=self._clock(), priority=priority,
+            deadline=deadline, key=key, now=self._clock(), priority=priority, ckeys=ckeys,
+            climit=limit[1] if limit else None,
         )  # fmt: skip
+        if ckeys:
+            # The keys' locks first, in a statement of its own: run_submit's count of active
+            # runs must see every admission that committed before the locks were granted.
+            yield Statement("concurrency_lock", {"workflow": graph.workflow, "ckeys": ckeys})
         inserted = yield Statement("run_submit", params)
         if key is None or inserted:
             return ids, fresh
         row = yield Statement("run_by_key", {"key": key}, "one")  # the key's first run
         return [str(row["id"])], fresh
 
-    def _graph(self, workflow: Workflow | str) -> Call[tuple[Graph, str | None]]:
+    def _graph(self, workflow: Workflow | str) -> Call[tuple[Graph, str | None, Limit | None]]:
+        """The graph to submit, the hash of one registered on the way (if any), and the
+        workflow's concurrency (how to compute a run's key, and the limit)."""
         if not isinstance(workflow, Workflow):
             row = yield Statement("workflow_get", {"workflow": workflow}, "one")
-            return graph_of(workflow, row), None
+            graph = graph_of(workflow, row)
+            if row["concurrency_limit"] is None:
+                return graph, None, None
+            if row["concurrency_field"] is None:
+                raise ValueError(
+                    f"workflow {workflow!r} computes its concurrency key in code: submit it "
+                    "with its Workflow object, not by name"
+                )
+            return graph, None, (row["concurrency_field"], row["concurrency_limit"])
         graph = workflow.graph
+        conc = workflow.concurrency
+        limit = (conc.key, conc.limit) if conc is not None else None
         if self._on_workflow is not None:
             self._on_workflow(workflow)
         if graph.hash in self._registered:
-            return graph, None
+            return graph, None, limit
         for params in registration([workflow]):
             yield Statement("graph_register", params)
             yield Statement("workflow_register", params)
-        return graph, graph.hash
+        return graph, graph.hash, limit
 
     def _get_run_call(self, run_id: str) -> Call[RunStatus]:
         return self._get_run(run_uuid(run_id), run_id)

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class RunState(StrEnum):
+    QUEUED = "queued"  # waiting for a concurrency slot of its key (flow control)
     RUNNING = "running"
     PAUSED = "paused"
     COMPLETED = "completed"

@@ -181,6 +181,50 @@ class Node:
         return f"<Node {self.workflow.name}/{self.name} {self.spec.kind}>"
 
 
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """At most `limit` runs of the workflow with the same key are active at once; the others
+    wait as `queued` and start, oldest first within priority, as active ones end.
+
+    `key` names a field of the run's input, or is a callable(input) -> str | int, computed at
+    submit (a client that submits by name can only use a field name)."""
+
+    key: str | Callable[[Any], Any]
+    limit: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.key, str) and self.key) and not callable(self.key):
+            raise GraphError(
+                f"Concurrency key: expected an input field name or a callable(input), "
+                f"got {self.key!r}"
+            )
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise GraphError(f"Concurrency limit: expected an integer >= 1, got {self.limit!r}")
+
+    @property
+    def field(self) -> str | None:
+        """The input field the key is read from (None: computed by a callable)."""
+        return self.key if isinstance(self.key, str) else None
+
+
+def concurrency_key(key: str | Callable[[Any], Any], input: Any) -> str:
+    """A run's concurrency key from its input; ValueError naming what is missing or wrong."""
+    if isinstance(key, str):
+        if not isinstance(input, dict) or key not in input:
+            raise ValueError(f"concurrency key: the input has no field {key!r}")
+        value = input[key]
+    else:
+        value = key(input)
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ValueError(
+            f"concurrency key: expected a non-empty string or an integer, got {value!r}"
+        )
+    text = str(value)
+    if len(text) > 200:
+        raise ValueError(f"concurrency key: at most 200 characters, got {len(text)}")
+    return text
+
+
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 3
 # A map whose items exceed this fails its step (kind too_many_items) unless the node says more:
@@ -192,11 +236,17 @@ class Workflow:
     """A named graph of nodes. Nodes may only run after nodes defined before them.
 
     `queue` names the queue its runs go to (`[supervisor] queues` says which a VM serves);
-    `priority` (1 leased first, 5 last) is its runs' default, which a submit may override.
+    `priority` (1 leased first, 5 last) is its runs' default, which a submit may override;
+    `concurrency` bounds its active runs per key (`Concurrency`).
     """
 
     def __init__(
-        self, name: str, *, queue: str = DEFAULT_QUEUE, priority: int = DEFAULT_PRIORITY
+        self,
+        name: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        concurrency: Concurrency | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise GraphError(f"a workflow needs a non-empty name, got {name!r}")
@@ -209,9 +259,15 @@ class Workflow:
                 f"workflow {name!r}: priority: expected an integer from 1 (first) to 5, "
                 f"got {priority!r}"
             )
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise GraphError(
+                f"workflow {name!r}: concurrency: expected cyclone.Concurrency(key=..., "
+                f"limit=N), got {concurrency!r}"
+            )
         self.name = name
         self.queue = queue
         self.priority = priority
+        self.concurrency = concurrency
         self._nodes: dict[str, Node] = {}
         self._graph: Graph | None = None
 

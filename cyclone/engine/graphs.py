@@ -33,6 +33,8 @@ def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
         out.append({
             "hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json()),
             "queue": wf.queue, "priority": wf.priority,
+            "concurrency_field": wf.concurrency.field if wf.concurrency else None,
+            "concurrency_limit": wf.concurrency.limit if wf.concurrency else None,
         })  # fmt: skip
     return out
 

@@ -50,9 +50,11 @@ def submit_params(
     now: datetime | None = None,
     priority: int | None = None,
     ckeys: list[str | None] | None = None,
+    climit: int | None = None,
 ) -> dict[str, Any]:
     """The parameters of run_submit (the clients' submits run it too). `priority`: None takes
-    the workflow's; `ckeys`: each run's concurrency key (None: no key)."""
+    the workflow's; `ckeys`: each run's concurrency key (None: no key), counted against
+    `climit` (the caller ran concurrency_lock for them first, in the same transaction)."""
     return {
         "workflow": workflow,
         "hash": graph_hash,
@@ -65,6 +67,7 @@ def submit_params(
         "now": now,
         "priority": priority,
         "ckeys": ckeys,
+        "climit": climit if ckeys else None,
         **node_rows(roots),
     }
 

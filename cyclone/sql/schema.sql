@@ -22,7 +22,7 @@
 ------------------------------------------------------------------------------------------------
 
 CREATE DOMAIN cyclone_run_state AS text
-    CHECK (VALUE IN ('running', 'paused', 'completed', 'failed', 'cancelled'));
+    CHECK (VALUE IN ('queued', 'running', 'paused', 'completed', 'failed', 'cancelled'));
 CREATE DOMAIN cyclone_step_state AS text
     CHECK (VALUE IN ('available', 'running', 'waiting', 'completed', 'dead', 'discarded'));
 CREATE DOMAIN cyclone_node_kind AS text
@@ -63,7 +63,11 @@ CREATE TABLE cyclone_workflows (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     -- Flow control (migration 14): the queue its runs go to, and their default priority.
     queue       text NOT NULL DEFAULT 'default',
-    priority    smallint NOT NULL DEFAULT 3 CHECK (priority BETWEEN 1 AND 5)
+    priority    smallint NOT NULL DEFAULT 3,
+    -- Runs per key: the input field that gives a run's key (NULL: computed in code, or no
+    -- limit), and how many runs of one key may be active at once (NULL: no limit).
+    concurrency_field text,
+    concurrency_limit integer
 );
 
 -- The queues registered workflows name. `pass` is the queue's fair clock: the largest pass
@@ -110,8 +114,13 @@ CREATE TABLE cyclone_runs (
     -- past the last pass of its group's live runs (a group: the workflow and concurrency key).
     -- Its steps take this pass (a map's items add their index).
     pass            bigint NOT NULL DEFAULT 0,
-    -- The key its workflow's concurrency is counted by, computed at submit (NULL: none).
-    concurrency_key text
+    -- The key its workflow's concurrency is counted by, computed at submit (NULL: none), and
+    -- the limit it was submitted under (NULL: none).
+    concurrency_key text,
+    concurrency_limit integer,
+    -- Waiting for a slot of its key: state `queued` (or `paused` while it waited). It has no
+    -- steps until cyclone_admit admits it.
+    queued          boolean NOT NULL DEFAULT false
 );
 
 -- Children of a run (cancel and fail go down the tree).
@@ -137,6 +146,12 @@ CREATE INDEX cyclone_runs_live_idx ON cyclone_runs (state, deadline_at)
 CREATE INDEX cyclone_runs_fair_idx
     ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), pass)
     WHERE state IN ('running', 'paused') AND pass > 0;
+-- Queued runs of a key, in the order they are admitted; and their deadlines, for the sweep.
+CREATE INDEX cyclone_runs_queued_idx
+    ON cyclone_runs (workflow, concurrency_key, priority, created_at, pass, id)
+    WHERE state = 'queued';
+CREATE INDEX cyclone_runs_queued_deadline_idx ON cyclone_runs (deadline_at)
+    WHERE state = 'queued' AND deadline_at IS NOT NULL;
 
 ------------------------------------------------------------------------------------------------
 -- Steps: one row per node instance of a run (a map node has one row per item, and one for the
@@ -383,6 +398,92 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
     WHEN (NEW.waited AND NEW.state IN ('completed', 'failed', 'cancelled')
           AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION cyclone_runs_notify_end();
+
+------------------------------------------------------------------------------------------------
+-- Runs per key: at most `concurrency_limit` runs of a workflow with the same concurrency key
+-- are active (running, or paused after they started); the others wait as `queued`, with no
+-- steps, and are admitted oldest first within priority as active ones end. Every admission
+-- happens under the key's advisory lock (cyclone_slot_lock), taken by a statement before the
+-- one that counts (a submit: concurrency_lock, then run_submit), or inside cyclone_admit,
+-- whose statements each see what committed before the lock was granted: so the count of
+-- active runs is exact and nothing is kept that could drift from the runs themselves.
+------------------------------------------------------------------------------------------------
+
+-- The lock of a workflow's key (a transaction lock: released at commit or rollback).
+CREATE FUNCTION cyclone_slot_lock(workflow text, ckey text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('cyclone_slot:' || workflow || chr(31) || ckey, 0))
+$$;
+
+-- A graph's root nodes, as the statements that make steps take them (node_rows in Python).
+CREATE FUNCTION cyclone_graph_roots(graph_hash text)
+RETURNS TABLE (node text, kind text, max_attempts integer, timeout float8, signal text,
+               due float8)
+LANGUAGE sql STABLE AS $$
+    SELECT n->>'name', n->>'kind', coalesce((n->>'max_attempts')::integer, 1),
+           (n->>'timeout')::float8, n->>'signal',
+           CASE WHEN n->>'kind' = 'sleep' THEN (n->>'duration')::float8
+                ELSE (n->>'max_wait')::float8 END
+      FROM cyclone_graphs g, jsonb_array_elements(g.graph->'nodes') AS n
+     WHERE g.hash = graph_hash AND jsonb_array_length(coalesce(n->'after', '[]')) = 0
+$$;
+
+-- Admit the queued runs of a key that fit under its limit: each becomes running, takes a fair
+-- pass no earlier than its queue's clock (it waited; it does not jump the line it rejoins),
+-- and gets its root steps. Returns how many were admitted.
+CREATE FUNCTION cyclone_admit(wf text, ckey text, lim integer, at timestamptz)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    active integer;
+    admitted integer;
+BEGIN
+    PERFORM cyclone_slot_lock(wf, ckey);
+    SELECT count(*) INTO active FROM cyclone_runs r
+     WHERE r.workflow = wf AND coalesce(r.concurrency_key, '') = ckey
+       AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued;
+    IF active >= lim THEN
+        RETURN 0;
+    END IF;
+    WITH next AS (
+        SELECT r.id FROM cyclone_runs r
+         WHERE r.workflow = wf AND r.concurrency_key = ckey AND r.state = 'queued'
+         ORDER BY r.priority, r.created_at, r.pass, r.id  -- pass: the order in a submit_many
+         LIMIT lim - active
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), runs AS (
+        UPDATE cyclone_runs r
+           SET state = 'running', queued = false,
+               pass = greatest(r.pass, coalesce((SELECT q.pass + 1 FROM cyclone_queues q
+                                                  WHERE q.name = r.queue), 0))
+          FROM next WHERE r.id = next.id
+        RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
+    ), roots AS (
+        INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                                   signal, available_at, due_at, created_at, priority, pass)
+        SELECT runs.id, runs.workflow, n.node, n.kind, cyclone_kind_first_state(n.kind),
+               n.max_attempts, make_interval(secs => n.timeout), n.signal, at,
+               at + make_interval(secs => n.due), at, runs.priority, runs.pass
+          FROM runs, cyclone_graph_roots(runs.graph_hash) AS n
+    )
+    SELECT count(*) INTO admitted FROM runs;
+    RETURN admitted;
+END
+$$;
+
+-- A run that held a slot ended: admit what now fits. (A queued run that ends held none.)
+CREATE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
+    FOR EACH ROW
+    WHEN (OLD.state IN ('running', 'paused') AND NOT OLD.queued
+          AND NEW.state IN ('completed', 'failed', 'cancelled')
+          AND NEW.concurrency_limit IS NOT NULL)
+    EXECUTE FUNCTION cyclone_runs_free_slot();
 
 ------------------------------------------------------------------------------------------------
 -- The lease's candidate scan, and how far behind the workers are

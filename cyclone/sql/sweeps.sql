@@ -181,3 +181,34 @@ UPDATE cyclone_queues q
          GROUP BY r.queue) AS m
  WHERE q.name = m.queue AND m.pass > q.pass
 RETURNING q.name;
+
+-- name: sweep_queued_deadlines
+-- Queued runs (waiting for a slot of their key) past their deadline fail like any other run:
+-- their root steps, which admission would have made, are made dead-lettered with kind
+-- deadline, so the run reports why it failed as a running run would.
+WITH due AS (
+    SELECT id FROM cyclone_runs
+     WHERE state = 'queued' AND deadline_at IS NOT NULL
+       AND deadline_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY deadline_at
+     LIMIT %(batch_size)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE cyclone_runs r
+       SET state = 'failed', queued = false,
+           finished_at = coalesce(%(now)s::timestamptz, now())
+      FROM due
+     WHERE r.id = due.id
+ RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
+), dead AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, created_at, completed_at, error_kind,
+                               error, priority, pass)
+    SELECT f.id, f.workflow, n.node, n.kind, 'dead', n.max_attempts,
+           make_interval(secs => n.timeout), n.signal, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+           'deadline', 'run deadline exceeded', f.priority, f.pass
+      FROM failed f, cyclone_graph_roots(f.graph_hash) AS n
+    RETURNING id
+)
+SELECT count(*) AS failed, (SELECT count(*) FROM dead) AS steps FROM failed;
