@@ -25,7 +25,7 @@ from cyclone.errors import (
 from cyclone.migrate import migrate
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
-from cyclone.workflow import Concurrency, Node, Registry, Workflow
+from cyclone.workflow import Concurrency, Node, RateLimit, Registry, Workflow
 
 __all__ = [
     "AsyncClient",
@@ -40,6 +40,7 @@ __all__ = [
     "NodeKind",
     "PayloadTooLarge",
     "PermanentError",
+    "RateLimit",
     "Registry",
     "RunCancelled",
     "RunFailed",

@@ -174,6 +174,17 @@ class AsyncClient(Calls):
         """Every failed, killed or dead-lettered attempt of a step, oldest first."""
         return await self._run(self._attempts_call(step_id))  # type: ignore[no-any-return]
 
+    async def set_rate_limit(
+        self,
+        name: str,
+        *,
+        rate: float,
+        per: timedelta | float = 1.0,
+        burst: float | None = None,
+    ) -> None:
+        """Declare limiter `name` (or change it); see Client.set_rate_limit."""
+        await self._run(self._set_rate_limit_call(name, rate, per, burst))
+
     async def exhausted(self, query: ExhaustedQuery | None = None) -> list[StepInfo]:
         """The DLQ: dead steps, newest first."""
         return await self._run(self._exhausted_call(query))

@@ -350,6 +350,25 @@ class Calls:
         rows = yield Statement("step_attempts", {"step_id": step.id})
         return [AttemptInfo.from_row(r) for r in rows]
 
+    def _set_rate_limit_call(
+        self, name: str, rate: float, per: timedelta | float, burst: float | None
+    ) -> Call[None]:
+        if not isinstance(name, str) or not name or len(name) > 100:
+            raise ValueError(f"name: expected 1 to 100 characters, got {name!r}")
+        check_text(name, "name")
+        secs = per.total_seconds() if isinstance(per, timedelta) else per
+        for what, value in (("rate", rate), ("per", secs), ("burst", burst)):
+            if value is None and what == "burst":
+                continue
+            if (
+                isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not 0 < value <= 1e9
+            ):  # fmt: skip
+                raise ValueError(f"{what}: expected a positive finite number, got {value!r}")
+        params = {"name": name, "rate": float(rate), "per": float(secs),
+                  "burst": float(burst if burst is not None else max(rate, 1.0))}  # fmt: skip
+        yield Statement("rate_limit_set", params)
+
     def _exhausted_call(self, query: ExhaustedQuery | None) -> Call[list[StepInfo]]:
         q = query or ExhaustedQuery()
         if not isinstance(q, ExhaustedQuery):

@@ -158,6 +158,19 @@ class Client(Calls):
         own `error` holds only the latest, and a DLQ retry clears it."""
         return self._run(self._attempts_call(step_id))  # type: ignore[no-any-return]
 
+    def set_rate_limit(
+        self,
+        name: str,
+        *,
+        rate: float,
+        per: timedelta | float = 1.0,
+        burst: float | None = None,
+    ) -> None:
+        """Declare limiter `name` (or change it): `rate` tokens every `per` (a timedelta or
+        seconds), at most `burst` saved up (default: `rate`). Stored in PostgreSQL, shared by
+        every VM; steps of nodes with `rate_limit=name` take one token per attempt."""
+        self._run(self._set_rate_limit_call(name, rate, per, burst))
+
     def exhausted(self, query: ExhaustedQuery | None = None) -> list[StepInfo]:
         """The DLQ: dead steps, newest first."""
         return self._run(self._exhausted_call(query))  # type: ignore[no-any-return]

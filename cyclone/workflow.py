@@ -39,6 +39,24 @@ def seconds(value: Duration | None, what: str) -> float | None:
     return secs
 
 
+_OPTIONAL_KEYS = ("max_items", "concurrency", "rate_limit", "rate_key")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A node's rate limit: one token of limiter `name` per attempt (`client.set_rate_limit`
+    sets its rate). With `key`, a bucket per value of that field of the run's input."""
+
+    name: str
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 100:
+            raise GraphError(f"RateLimit name: expected 1 to 100 characters, got {self.name!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise GraphError(f"RateLimit key: expected an input field name, got {self.key!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """What the engine needs to know about a node: JSON-safe, no code."""
@@ -52,16 +70,22 @@ class NodeSpec:
     max_wait: float | None = None
     duration: float | None = None
     child: str | None = None
-    # A map's cap on its items (None: not a map). Left out of the JSON while unset, so that the
-    # graphs (and their hashes) of workflows without maps are those registered before it.
+    # Flow control, each left out of the JSON while unset, so that the graphs (and their
+    # hashes) of workflows that use none are those registered before it: a map's cap on its
+    # items, at most this many steps of the node at once, and the limiter (with the input
+    # field keying its buckets) each attempt takes a token of.
     max_items: int | None = None
+    concurrency: int | None = None
+    rate_limit: str | None = None
+    rate_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "kind": str(self.kind), "after": list(self.after)}
         for key in ("max_attempts", "timeout", "signal", "max_wait", "duration", "child"):
             out[key] = getattr(self, key)
-        if self.max_items is not None:
-            out["max_items"] = self.max_items
+        for key in _OPTIONAL_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
@@ -76,7 +100,7 @@ class NodeSpec:
             max_wait=data.get("max_wait"),
             duration=data.get("duration"),
             child=data.get("child"),
-            max_items=data.get("max_items"),
+            **{key: data.get(key) for key in _OPTIONAL_KEYS},
         )
 
 
@@ -303,11 +327,17 @@ class Workflow:
         after: Sequence[Node | str] = (),
         timeout: Duration | None = DEFAULT_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        concurrency: int | None = None,
+        rate_limit: str | RateLimit | None = None,
     ) -> Any:
-        """Decorate a handler `fn(ctx) -> JSON` (sync or async) as a task node."""
+        """Decorate a handler `fn(ctx) -> JSON` (sync or async) as a task node.
+
+        `concurrency`: at most this many of its steps at once, all VMs together; `rate_limit`:
+        a limiter's name (or a `RateLimit`), one token per attempt."""
 
         def wrap(f: Callable[..., Any]) -> Node:
             spec = self._spec(name or f.__name__, NodeKind.TASK, after, timeout, max_attempts)
+            spec = self._limits(spec, concurrency, rate_limit)
             return self._add(Node(self, spec, fn=f))
 
         return wrap(fn) if fn is not None else wrap
@@ -322,6 +352,8 @@ class Workflow:
         timeout: Duration | None = DEFAULT_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         max_items: int = DEFAULT_MAX_ITEMS,
+        concurrency: int | None = None,
+        rate_limit: str | RateLimit | None = None,
     ) -> Any:
         """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`).
 
@@ -337,7 +369,7 @@ class Workflow:
                     f"got {max_items!r}"
                 )
             spec = self._spec(node_name, NodeKind.MAP, after, timeout, max_attempts)
-            spec = _replace(spec, max_items=max_items)
+            spec = self._limits(_replace(spec, max_items=max_items), concurrency, rate_limit)
             return self._add(Node(self, spec, fn=f, items=items))
 
         return wrap(fn) if fn is not None else wrap
@@ -423,6 +455,33 @@ class Workflow:
             after=tuple(deps),
             max_attempts=max_attempts,
             timeout=secs if secs else None,
+        )
+
+    def _limits(
+        self, spec: NodeSpec, concurrency: int | None, rate_limit: str | RateLimit | None
+    ) -> NodeSpec:
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise GraphError(
+                f"{self._what(spec.name, 'concurrency')}: expected an integer >= 1, "
+                f"got {concurrency!r}"
+            )
+        if isinstance(rate_limit, str):
+            try:
+                rate_limit = RateLimit(rate_limit)
+            except GraphError as exc:
+                raise GraphError(f"{self._what(spec.name, 'rate_limit')}: {exc}") from None
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise GraphError(
+                f"{self._what(spec.name, 'rate_limit')}: expected a limiter name or "
+                f"cyclone.RateLimit, got {rate_limit!r}"
+            )
+        return _replace(
+            spec,
+            concurrency=concurrency,
+            rate_limit=rate_limit.name if rate_limit else None,
+            rate_key=rate_limit.key if rate_limit else None,
         )
 
     def _dep_name(self, name: str, dep: Node | str) -> str:

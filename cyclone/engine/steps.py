@@ -356,6 +356,8 @@ def _next_nodes_json(specs: Sequence[NodeSpec]) -> str:
         "timeouts": "timeout",
         "signals": "signal",
         "dues": "due",
+        "limits": "node_limit",
+        "rates": "rate_limit",
     }
     return json.dumps([{keys[k]: rows[k][i] for k in keys} for i in range(len(specs))])
 

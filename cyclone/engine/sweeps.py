@@ -177,6 +177,18 @@ def sweep_queued_deadlines(
         return int(row["failed"])
 
 
+def sweep_held_steps(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Admit held steps of limited nodes whose slot or token is free now (tokens refill with
+    time, which no statement announces); returns how many."""
+    with conn.transaction():
+        row = conn.execute(
+            QUERIES["sweep_held_steps"], {"batch_size": batch_size, "now": now}
+        ).fetchone()
+        return int(row["admitted"])
+
+
 def sweep_fair_clock(
     conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
 ) -> int:
@@ -224,6 +236,7 @@ SWEEPS = (
     Sweep("sleeps", sweep_sleeps),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
+    Sweep("held_steps", sweep_held_steps),
     Sweep("fair_clock", sweep_fair_clock),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
 )

@@ -89,17 +89,20 @@ WITH wf AS (
     RETURNING id, priority, pass, state
 ), roots AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at, priority, pass)
+                               signal, available_at, due_at, created_at, priority, pass,
+                               node_limit, rate_limit)
     SELECT runs.id, %(workflow)s, n.node, n.kind,
            cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now()), runs.priority, runs.pass
+           coalesce(%(now)s::timestamptz, now()), runs.priority, runs.pass, n.node_limit,
+           n.rate_limit
       FROM runs,
            unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
-                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
-           AS n (node, kind, max_attempts, timeout, signal, due)
+                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[],
+                  %(limits)s::int[], %(rates)s::text[])
+           AS n (node, kind, max_attempts, timeout, signal, due, node_limit, rate_limit)
      WHERE runs.state = 'running'
     RETURNING id
 )
@@ -279,3 +282,15 @@ SELECT cyclone_admit(workflow, concurrency_key, concurrency_limit,
                      coalesce(%(now)s::timestamptz, now())) AS admitted
   FROM cyclone_runs
  WHERE id = %(run_id)s AND state = 'queued';
+
+-- name: rate_limit_set
+-- Declare or change a limiter; its buckets keep their tokens (capped at the new burst).
+WITH lim AS (
+    INSERT INTO cyclone_rate_limits (name, rate, per, burst)
+    VALUES (%(name)s, %(rate)s, %(per)s, %(burst)s)
+    ON CONFLICT (name) DO UPDATE SET rate = excluded.rate, per = excluded.per,
+                                     burst = excluded.burst, updated_at = now()
+    RETURNING name, burst
+)
+UPDATE cyclone_rate_buckets b SET tokens = least(b.tokens, lim.burst)
+  FROM lim WHERE b.name = lim.name;

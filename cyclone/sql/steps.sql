@@ -10,16 +10,18 @@
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
 -- They take their run's priority and pass.
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout, signal,
-                           available_at, due_at, created_at, priority, pass)
+                           available_at, due_at, created_at, priority, pass, node_limit,
+                           rate_limit)
 SELECT %(run_id)s, %(workflow)s, n.node, n.kind,
        cyclone_kind_first_state(n.kind),
        n.max_attempts, make_interval(secs => n.timeout), n.signal,
        coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-       coalesce(%(now)s::timestamptz, now()), r.priority, r.pass
+       coalesce(%(now)s::timestamptz, now()), r.priority, r.pass, n.node_limit, n.rate_limit
   FROM cyclone_runs r, unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
-              %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
-       AS n (node, kind, max_attempts, timeout, signal, due)
+              %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[],
+              %(limits)s::int[], %(rates)s::text[])
+       AS n (node, kind, max_attempts, timeout, signal, due, node_limit, rate_limit)
  WHERE r.id = %(run_id)s
 ON CONFLICT DO NOTHING
 RETURNING id, node, kind, signal;
@@ -29,10 +31,11 @@ RETURNING id, node, kind, signal;
 -- Each item's pass is its fan-out's plus its index: a big fan-out spreads over the passes of
 -- its queue and other runs interleave with it.
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, item_index, item, state, max_attempts,
-                           timeout, available_at, created_at, priority, pass)
+                           timeout, available_at, created_at, priority, pass, node_limit,
+                           rate_limit)
 SELECT s.run_id, s.workflow, s.node, 'map', i.idx, i.item::jsonb, 'available', s.max_attempts,
        s.timeout, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-       s.priority, s.pass + i.idx
+       s.priority, s.pass + i.idx, s.node_limit, s.rate_limit
   FROM cyclone_steps s,
        unnest(%(indexes)s::int[], %(items)s::text[]) AS i (idx, item)
  WHERE s.id = %(step_id)s
@@ -125,16 +128,19 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- which the next steps keep: a run that started goes on from its place in the line.
 next AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at, priority, pass)
+                               signal, available_at, due_at, created_at, priority, pass,
+                               node_limit, rate_limit)
     SELECT done.run_id, done.workflow, n.node, n.kind,
            cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now()), done.priority, done.pass
+           coalesce(%(now)s::timestamptz, now()), done.priority, done.pass, n.node_limit,
+           n.rate_limit
       FROM done,
            jsonb_to_recordset(done.next)
-           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
+           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8,
+                 node_limit int, rate_limit text)
      WHERE NOT done.last
 ),
 

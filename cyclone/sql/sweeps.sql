@@ -212,3 +212,20 @@ WITH due AS (
     RETURNING id
 )
 SELECT count(*) AS failed, (SELECT count(*) FROM dead) AS steps FROM failed;
+
+-- name: sweep_held_steps
+-- Admit the held steps of limited nodes (cyclone_admit_steps): tokens that refilled since,
+-- and slots an admission that could not take a node's lock left free. Each node with held
+-- steps once, found by a skip scan of cyclone_steps_held_idx (a walk per node, not per step).
+WITH RECURSIVE nodes AS (
+    (SELECT workflow, node FROM cyclone_steps WHERE held ORDER BY workflow, node LIMIT 1)
+    UNION ALL
+    SELECT n.workflow, n.node
+      FROM nodes,
+           LATERAL (SELECT s.workflow, s.node FROM cyclone_steps s
+                     WHERE s.held AND (s.workflow, s.node) > (nodes.workflow, nodes.node)
+                     ORDER BY s.workflow, s.node LIMIT 1) AS n
+)
+SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timestamptz, now()))),
+                0)::integer AS admitted
+  FROM (SELECT * FROM nodes LIMIT %(batch_size)s) AS due;

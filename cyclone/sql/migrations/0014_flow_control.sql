@@ -27,7 +27,10 @@ ALTER TABLE cyclone_runs
 
 ALTER TABLE cyclone_steps
     ADD COLUMN priority smallint NOT NULL DEFAULT 3,
-    ADD COLUMN pass bigint NOT NULL DEFAULT 0;
+    ADD COLUMN pass bigint NOT NULL DEFAULT 0,
+    ADD COLUMN node_limit integer,
+    ADD COLUMN rate_limit text,
+    ADD COLUMN held boolean NOT NULL DEFAULT false;
 
 -- One row per queue a registered workflow names; `pass` is the queue's fair clock.
 CREATE TABLE cyclone_queues (
@@ -147,12 +150,13 @@ $$;
 -- A graph's root nodes, as the statements that make steps take them (node_rows in Python).
 CREATE FUNCTION cyclone_graph_roots(graph_hash text)
 RETURNS TABLE (node text, kind text, max_attempts integer, timeout float8, signal text,
-               due float8)
+               due float8, node_limit integer, rate_limit text)
 LANGUAGE sql STABLE AS $$
     SELECT n->>'name', n->>'kind', coalesce((n->>'max_attempts')::integer, 1),
            (n->>'timeout')::float8, n->>'signal',
            CASE WHEN n->>'kind' = 'sleep' THEN (n->>'duration')::float8
-                ELSE (n->>'max_wait')::float8 END
+                ELSE (n->>'max_wait')::float8 END,
+           (n->>'concurrency')::integer, n->>'rate_limit'
       FROM cyclone_graphs g, jsonb_array_elements(g.graph->'nodes') AS n
      WHERE g.hash = graph_hash AND jsonb_array_length(coalesce(n->'after', '[]')) = 0
 $$;
@@ -188,10 +192,12 @@ BEGIN
         RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
     ), roots AS (
         INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                                   signal, available_at, due_at, created_at, priority, pass)
+                                   signal, available_at, due_at, created_at, priority, pass,
+                                   node_limit, rate_limit)
         SELECT runs.id, runs.workflow, n.node, n.kind, cyclone_kind_first_state(n.kind),
                n.max_attempts, make_interval(secs => n.timeout), n.signal, at,
-               at + make_interval(secs => n.due), at, runs.priority, runs.pass
+               at + make_interval(secs => n.due), at, runs.priority, runs.pass,
+               n.node_limit, n.rate_limit
           FROM runs, cyclone_graph_roots(runs.graph_hash) AS n
     )
     SELECT count(*) INTO admitted FROM runs;
@@ -213,3 +219,178 @@ CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
           AND NEW.state IN ('completed', 'failed', 'cancelled')
           AND NEW.concurrency_limit IS NOT NULL)
     EXECUTE FUNCTION cyclone_runs_free_slot();
+
+------------------------------------------------------------------------------------------------
+-- Steps of limited nodes: `concurrency=N` on a node (at most N of its steps available or
+-- running at once, across every VM) and `rate_limit` (one token of a bucket per attempt). Such
+-- a step is made `waiting` with `held` set, out of the lease index, so that no lease walks
+-- over it; cyclone_admit_steps makes it available when a slot and a token are free. A token
+-- not yet refilled is given ahead of time: the step becomes available at the moment its token
+-- refills (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next
+-- ones. Admission runs when a step is made, when a limited step stops holding its slot, and in
+-- that sweep; it takes the node's advisory lock without waiting (a transaction that holds it
+-- admits; one that does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED,
+-- so no admission ever waits for another: nothing here can deadlock the statements that fire it.
+------------------------------------------------------------------------------------------------
+
+-- A limiter: `rate` tokens every `per` seconds, at most `burst` saved up (client.set_rate_limit).
+CREATE TABLE cyclone_rate_limits (
+    name       text PRIMARY KEY,
+    rate       float8 NOT NULL,
+    per        float8 NOT NULL,
+    burst      float8 NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A limiter's buckets: one, or one per key (`RateLimit(name, key=FIELD)`). Tokens below zero
+-- are tokens given ahead of their refill.
+CREATE TABLE cyclone_rate_buckets (
+    name       text NOT NULL,
+    key        text NOT NULL,
+    tokens     float8 NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (name, key)
+);
+
+-- Steps of a limited node that hold a slot (counted), and held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node)
+    WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
+CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
+    WHERE held;
+
+-- The input field a rate-limited node's bucket key is read from (NULL: one bucket).
+CREATE FUNCTION cyclone_node_rate_key(graph_hash text, node text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT n->>'rate_key'
+      FROM cyclone_graphs g, jsonb_array_elements(g.graph->'nodes') AS n
+     WHERE g.hash = graph_hash AND n->>'name' = node
+$$;
+
+CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
+    batch CONSTANT integer := 200;   -- most steps one call admits
+    lim integer;
+    free integer;
+    admitted integer := 0;
+    st record;
+    lim_row cyclone_rate_limits%ROWTYPE;
+    bucket cyclone_rate_buckets%ROWTYPE;
+    bkey text;
+    keyfield text;
+    wait float8;
+    full_keys text[] := '{}';
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
+    THEN
+        RETURN 0;
+    END IF;
+    SELECT s.node_limit INTO lim FROM cyclone_steps s
+     WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
+    free := batch;
+    IF lim IS NOT NULL THEN
+        SELECT lim - count(*) INTO free FROM cyclone_steps s
+         WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
+           AND s.state IN ('available', 'running');
+        free := least(free, batch);
+    END IF;
+    IF free <= 0 THEN
+        RETURN 0;
+    END IF;
+    FOR st IN
+        SELECT s.id, s.rate_limit, s.available_at, s.run_id, r.graph_hash, r.input
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.held AND s.workflow = wf AND s.node = nd
+         ORDER BY s.priority, s.pass, s.id
+         LIMIT batch
+           FOR UPDATE OF s SKIP LOCKED
+    LOOP
+        EXIT WHEN free <= 0;
+        wait := 0;
+        IF st.rate_limit IS NOT NULL THEN
+            keyfield := cyclone_node_rate_key(st.graph_hash, nd);
+            bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
+            CONTINUE WHEN bkey = ANY (full_keys);
+            SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
+            IF NOT FOUND THEN
+                -- An undeclared limiter holds its steps until client.set_rate_limit names it.
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+            VALUES (st.rate_limit, bkey, lim_row.burst, at)
+            ON CONFLICT (name, key) DO NOTHING;
+            SELECT * INTO bucket FROM cyclone_rate_buckets
+             WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            -- Refill, then take one token: now if there is one, else when it refills.
+            bucket.tokens := least(lim_row.burst, bucket.tokens
+                + greatest(extract(epoch FROM at - bucket.updated_at), 0)
+                  * lim_row.rate / lim_row.per);
+            wait := greatest(1 - bucket.tokens, 0) * lim_row.per / lim_row.rate;
+            IF wait > horizon THEN
+                UPDATE cyclone_rate_buckets SET tokens = bucket.tokens, updated_at = at
+                 WHERE name = st.rate_limit AND key = bkey;
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            UPDATE cyclone_rate_buckets SET tokens = bucket.tokens - 1, updated_at = at
+             WHERE name = st.rate_limit AND key = bkey;
+        END IF;
+        UPDATE cyclone_steps
+           SET state = 'available', held = false,
+               available_at = greatest(st.available_at, at + make_interval(secs => wait))
+         WHERE id = st.id;
+        free := free - 1;
+        admitted := admitted + 1;
+    END LOOP;
+    RETURN admitted;
+END
+$$;
+
+-- A new step of a limited node is held until admitted; so is one made available again other
+-- than by a planned stop giving it back: a retry of a rate-limited step (each attempt takes a
+-- token) and a step re-driven from the DLQ. A step that keeps its slot (a retry of a node
+-- limited by concurrency only) is not.
+CREATE FUNCTION cyclone_steps_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT'
+       OR (OLD.state <> 'running' AND OLD.state <> 'available')
+       OR (OLD.state = 'running' AND NEW.attempt >= OLD.attempt AND NEW.rate_limit IS NOT NULL)
+    THEN
+        NEW.state := 'waiting';
+        NEW.held := true;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now());
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER cyclone_steps_hold BEFORE INSERT ON cyclone_steps
+    FOR EACH ROW
+    WHEN (NEW.state = 'available' AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
+    EXECUTE FUNCTION cyclone_steps_hold();
+CREATE TRIGGER cyclone_steps_hold_again BEFORE UPDATE OF state ON cyclone_steps
+    FOR EACH ROW
+    WHEN (NEW.state = 'available' AND OLD.state <> 'available' AND NOT OLD.held
+          AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
+    EXECUTE FUNCTION cyclone_steps_hold();
+CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
+    FOR EACH ROW WHEN (NEW.held)
+    EXECUTE FUNCTION cyclone_steps_admit();
+-- A step that held a slot let it go (ended, parked, or held again for a token).
+CREATE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
+    FOR EACH ROW
+    WHEN (OLD.node_limit IS NOT NULL AND OLD.state IN ('available', 'running')
+          AND NEW.state NOT IN ('available', 'running'))
+    EXECUTE FUNCTION cyclone_steps_admit();
