@@ -59,13 +59,17 @@ WITH wf AS (
     -- With a concurrency limit, the key's active runs too: the caller holds the key's lock
     -- (concurrency_lock, a statement before this one), so the count is exact.
     SELECT g.ckey,
-           (SELECT max(r.pass) FROM cyclone_runs r
-             WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-               AND r.state IN ('running', 'paused') AND r.pass > 0) AS last,
+           greatest(
+               (SELECT max(r.pass) FROM cyclone_runs r
+                 WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
+                   AND r.queued = false AND r.pass > 0),
+               (SELECT max(r.pass) FROM cyclone_runs r
+                 WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
+                   AND r.queued = true AND r.pass > 0)) AS last,
            CASE WHEN %(climit)s::integer IS NOT NULL AND g.ckey <> '' THEN
                (SELECT count(*) FROM cyclone_runs r
                  WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-                   AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued)
+                   AND r.queued = false AND r.pass > 0)
            END AS active
       FROM (SELECT DISTINCT coalesce(v.ckey, '') AS ckey FROM v) AS g
 ), runs AS (

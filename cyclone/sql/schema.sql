@@ -140,18 +140,20 @@ CREATE UNIQUE INDEX cyclone_runs_idempotency_idx ON cyclone_runs (idempotency_ke
 -- live led the planner to read every live run).
 CREATE INDEX cyclone_runs_live_idx ON cyclone_runs (state, deadline_at)
     WHERE state IN ('running', 'paused');
--- A group's last pass among its live runs, read at submit. `pass > 0` (every run submitted
--- since has one) keeps the planner from taking it for a lookup of live runs by id: other
--- statements' `state IN ('running', 'paused')` does not imply it.
+-- A group's last pass among its live runs, read at submit, and its active runs, counted under
+-- a concurrency limit: `pass > 0` is a live run submitted since migration 14 (an ended run's
+-- pass is negative: cyclone_runs_pass_sign).
 CREATE INDEX cyclone_runs_fair_idx
-    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), pass)
-    WHERE state IN ('running', 'paused') AND pass > 0;
+    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), queued, pass)
+    WHERE pass > 0;
 -- Queued runs of a key, in the order they are admitted; and their deadlines, for the sweep.
 CREATE INDEX cyclone_runs_queued_idx
     ON cyclone_runs (workflow, concurrency_key, priority, created_at, pass, id)
     WHERE state = 'queued';
+-- (Not by state: the admission's index would answer that too, and a planner that took it
+-- sorted every queued run by deadline for each sweep. A queued run that is not paused.)
 CREATE INDEX cyclone_runs_queued_deadline_idx ON cyclone_runs (deadline_at)
-    WHERE state = 'queued' AND deadline_at IS NOT NULL;
+    WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL;
 
 ------------------------------------------------------------------------------------------------
 -- Steps: one row per node instance of a run (a map node has one row per item, and one for the
@@ -405,6 +407,25 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
           AND OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION cyclone_runs_notify_end();
 
+
+-- A run's pass is negative once it ended (and positive again if the DLQ re-drives it): the
+-- lookups of a group's live runs at submit and admission test `pass > 0` alone, which no index
+-- of run states can answer, so the planner cannot walk cyclone_runs_live_idx for them (it did,
+-- on statistics of a drained history, reading every live run for each submit).
+CREATE FUNCTION cyclone_runs_pass_sign() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.pass := CASE WHEN NEW.state IN ('completed', 'failed', 'cancelled') THEN -abs(NEW.pass)
+                     ELSE abs(NEW.pass) END;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_pass_sign BEFORE UPDATE OF state ON cyclone_runs
+    FOR EACH ROW
+    WHEN ((OLD.state IN ('completed', 'failed', 'cancelled'))
+          IS DISTINCT FROM (NEW.state IN ('completed', 'failed', 'cancelled')))
+    EXECUTE FUNCTION cyclone_runs_pass_sign();
+
 ------------------------------------------------------------------------------------------------
 -- Runs per key: at most `concurrency_limit` runs of a workflow with the same concurrency key
 -- are active (running, or paused after they started); the others wait as `queued`, with no
@@ -447,7 +468,7 @@ BEGIN
     PERFORM cyclone_slot_lock(wf, ckey);
     SELECT count(*) INTO active FROM cyclone_runs r
      WHERE r.workflow = wf AND coalesce(r.concurrency_key, '') = ckey
-       AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued;
+       AND r.queued = false AND r.pass > 0;
     IF active >= lim THEN
         RETURN 0;
     END IF;

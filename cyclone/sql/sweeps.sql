@@ -187,8 +187,8 @@ RETURNING q.name;
 -- their root steps, which admission would have made, are made dead-lettered with kind
 -- deadline, so the run reports why it failed as a running run would.
 WITH due AS (
-    SELECT id FROM cyclone_runs
-     WHERE state = 'queued' AND deadline_at IS NOT NULL
+    SELECT id, state FROM cyclone_runs
+     WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL
        AND deadline_at <= coalesce(%(now)s::timestamptz, now())
      ORDER BY deadline_at
      LIMIT %(batch_size)s
@@ -198,7 +198,7 @@ WITH due AS (
        SET state = 'failed', queued = false,
            finished_at = coalesce(%(now)s::timestamptz, now())
       FROM due
-     WHERE r.id = due.id
+     WHERE r.id = due.id AND due.state = 'queued'  -- as its lock read it
  RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
 ), dead AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,

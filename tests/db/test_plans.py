@@ -23,6 +23,7 @@ import cyclone
 from cyclone import engine
 from cyclone.db import connect, text_array
 from cyclone.engine.advance import node_rows
+from cyclone.engine.runs import submit_params
 from cyclone.engine.dispatch import Finished, dispatch_params
 from cyclone.engine.steps import FLOOR_KEYS, Lease
 from cyclone.sql import QUERIES
@@ -36,7 +37,7 @@ PAUSED = 50  # paused runs with a due step each
 BOUND = 150
 # What a lease scanning from the start may add in the drained-history state: the history's
 # 20,000 dead entries in cyclone_steps_ready_idx, not yet marked dead (completed in one
-# statement), walked once. Its entries (priority, pass, id, available_at) are twice as wide as
+# statement), walked once. Its entries (priority, pass, id, available_at) are wider than
 # the (available_at, id) the lease walked before migration 14: 133 pages where that was 120
 # (and the prepared lease, which may walk them before a scan marked them, up to 193 in all).
 HISTORY_PREFIX = 60
@@ -87,7 +88,23 @@ def big_item(ctx):
     return None
 
 
-WORKFLOWS = [one, chain, sleepy, waity, fanout, parent, bigmap]
+# Flow control: runs per key (one key with a queue of runs, others with one each), and a node
+# limited to one step at a time with a backlog held.
+keyed = cyclone.Workflow("plans-keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
+narrow = cyclone.Workflow("plans-narrow")
+
+
+@keyed.task()
+def keyed_step(ctx):
+    return None
+
+
+@narrow.task(concurrency=1, rate_limit="plans-limiter")
+def narrow_step(ctx):
+    return None
+
+
+WORKFLOWS = [one, chain, sleepy, waity, fanout, parent, bigmap, keyed, narrow]
 
 
 @dataclass
@@ -95,6 +112,7 @@ class Backlog:
     env: TestEnv
     state: str
     big_map: str = ""
+    queued: str = ""
     leases: dict[str, Lease] = field(default_factory=dict)
 
     def lease(self, wf: cyclone.Workflow) -> Lease:
@@ -112,6 +130,10 @@ def _burst(env: TestEnv) -> None:
     env.client.submit_many(waity, [None] * 2000, run_deadline=deadline)
     env.client.submit_many(fanout, [None] * 100)
     env.client.submit_many(parent, [None] * 100)
+    env.client.submit_many(keyed, [{"k": "hot"}] * 1000, run_deadline=deadline)
+    env.client.submit_many(keyed, [{"k": f"cold-{i}"} for i in range(500)])
+    env.client.set_rate_limit("plans-limiter", rate=1000, per=1.0)
+    env.client.submit_many(narrow, [None] * 1000)
     # Paused runs, whose due steps the queue's count leaves out.
     for run_id in env.client.submit_many(one, [None] * PAUSED, run_deadline=deadline):
         env.client.pause(run_id)
@@ -161,7 +183,10 @@ def backlog(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[Backlog]:
         big_map = _big_map(env)
         if request.param == "analyzed":
             env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
-        b = Backlog(env, request.param, big_map=big_map)
+        queued = env.conn.execute(
+            "SELECT id::text FROM cyclone_runs WHERE state = 'queued' LIMIT 1"
+        ).fetchone()["id"]
+        b = Backlog(env, request.param, big_map=big_map, queued=queued)
         b.leases = {
             "one": b.lease(one),
             "chain": b.lease(chain),
@@ -256,6 +281,18 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         "now": None,
         **node_rows([chain.graph.nodes["c2"]]),
     },
+    # Flow control: a submit under a key with a queue of runs (its lock, its count of active
+    # runs, its group's last pass), and the admission of a queued run.
+    "concurrency_lock": lambda b: {"workflow": keyed.name, "ckeys": ["hot"]},
+    "run_submit": lambda b: submit_params(
+        keyed.name, keyed.graph.hash, ["00000000-0000-0000-0000-0000000000aa"], ['{"k":"hot"}'],
+        [keyed.graph.nodes["keyed_step"]], ckeys=["hot"], climit=1,
+    ),  # fmt: skip
+    "run_admit": lambda b: {"run_id": b.queued, "now": None},
+    # Each pass admits the held steps of the limited node: one node, its slot taken.
+    "sweep_held_steps": lambda b: {"batch_size": 500, "now": None},
+    "sweep_fair_clock": lambda b: {},
+    "sweep_queued_deadlines": lambda b: {"batch_size": 500, "now": None},
     # The scanner's sweeps: nothing is due, so nothing may be read.
     "sweep_deadlines": lambda b: {"batch_size": 500, "now": None},
     "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None},
@@ -286,7 +323,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
 }
 # What each count may touch: an index-only scan of the live runs, plus a heap page for each
 # page of runs autovacuum has not yet marked all-visible.
-LIVE_RUNS = BACKLOG + 5_200 + PAUSED
+LIVE_RUNS = BACKLOG + 5_200 + PAUSED + 2_500  # 2,500: the flow-control runs
 COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved"}
 
 

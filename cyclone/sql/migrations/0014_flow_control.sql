@@ -47,8 +47,8 @@ CREATE INDEX cyclone_steps_ready_idx ON cyclone_steps (priority, pass, id, avail
 
 -- A group's last pass among its live runs, at submit.
 CREATE INDEX cyclone_runs_fair_idx
-    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), pass)
-    WHERE state IN ('running', 'paused') AND pass > 0;
+    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), queued, pass)
+    WHERE pass > 0;
 
 DROP FUNCTION cyclone_lease_candidate(boolean, uuid, timestamptz, text[], timestamptz, bigint);
 DROP FUNCTION cyclone_lease_candidates(integer, uuid[], timestamptz, text[], timestamptz, bigint);
@@ -121,8 +121,10 @@ ALTER DOMAIN cyclone_run_state ADD CONSTRAINT cyclone_run_state_check
 CREATE INDEX cyclone_runs_queued_idx
     ON cyclone_runs (workflow, concurrency_key, priority, created_at, pass, id)
     WHERE state = 'queued';
+-- (Not by state: the admission's index would answer that too, and a planner that took it
+-- sorted every queued run by deadline for each sweep. A queued run that is not paused.)
 CREATE INDEX cyclone_runs_queued_deadline_idx ON cyclone_runs (deadline_at)
-    WHERE state = 'queued' AND deadline_at IS NOT NULL;
+    WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL;
 
 -- A map whose items exceed its max_items fails its step with a kind of its own.
 ALTER DOMAIN cyclone_error_kind DROP CONSTRAINT cyclone_error_kind_check;
@@ -130,6 +132,25 @@ ALTER DOMAIN cyclone_error_kind ADD CONSTRAINT cyclone_error_kind_check
     CHECK (VALUE IN ('error', 'timeout', 'crashed', 'lease_expired', 'deadline', 'max_wait',
                      'child_failed', 'cancelled', 'too_many_items'));
 
+
+
+-- A run's pass is negative once it ended (and positive again if the DLQ re-drives it): the
+-- lookups of a group's live runs at submit and admission test `pass > 0` alone, which no index
+-- of run states can answer, so the planner cannot walk cyclone_runs_live_idx for them (it did,
+-- on statistics of a drained history, reading every live run for each submit).
+CREATE FUNCTION cyclone_runs_pass_sign() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.pass := CASE WHEN NEW.state IN ('completed', 'failed', 'cancelled') THEN -abs(NEW.pass)
+                     ELSE abs(NEW.pass) END;
+    RETURN NEW;
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_pass_sign BEFORE UPDATE OF state ON cyclone_runs
+    FOR EACH ROW
+    WHEN ((OLD.state IN ('completed', 'failed', 'cancelled'))
+          IS DISTINCT FROM (NEW.state IN ('completed', 'failed', 'cancelled')))
+    EXECUTE FUNCTION cyclone_runs_pass_sign();
 
 ------------------------------------------------------------------------------------------------
 -- Runs per key: at most `concurrency_limit` runs of a workflow with the same concurrency key
@@ -173,7 +194,7 @@ BEGIN
     PERFORM cyclone_slot_lock(wf, ckey);
     SELECT count(*) INTO active FROM cyclone_runs r
      WHERE r.workflow = wf AND coalesce(r.concurrency_key, '') = ckey
-       AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued;
+       AND r.queued = false AND r.pass > 0;
     IF active >= lim THEN
         RETURN 0;
     END IF;
