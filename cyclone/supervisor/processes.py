@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import logging
 import os
 import signal
 import socket
@@ -17,8 +18,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from cyclone.child import reaper
 from cyclone.child.channel import ExitCode, leave
 from cyclone.supervisor.children import ExitStatus
+
+log = logging.getLogger(__name__)
 
 # Signals the supervisor handles; a child resets them before it runs any of its own code.
 SUPERVISOR_SIGNALS = (
@@ -66,6 +70,18 @@ class OsProcessOps:
     def __init__(self) -> None:
         # Descriptors every child must close right after the fork (the supervisor's self-pipe).
         self.private_fds: list[int] = []
+        # The children forked on purpose: any other child is an orphan re-parented to us.
+        self.spawned: set[int] = set()
+        # Children we had before becoming a subreaper; None while we are not one.
+        self.spared: set[int] | None = None
+
+    def adopt_orphans(self) -> bool:
+        """Become a subreaper: what a worker's handler leaves behind when the worker dies
+        comes to us, and `reap` kills it (cyclone/child/reaper.py). False where unsupported."""
+        if not reaper.become_subreaper():
+            return False
+        self.spared = set(reaper.descendants(os.getpid(), reaper.parents(), self.spawned))
+        return True
 
     def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
         # A socket pair, not a pipe: the supervisor answers a worker that asks for its next
@@ -89,6 +105,7 @@ class OsProcessOps:
             raise
         if pid == 0:
             self._child(main, write_fd, [read_fd, *close_fds], old_mask)
+        self.spawned.add(pid)
         gc.unfreeze()  # in the supervisor, cycles must stay collectable: it forks for years
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write_fd)
@@ -133,7 +150,17 @@ class OsProcessOps:
                 break
             if pid == 0:
                 break
+            self.spawned.discard(pid)
             found.append((pid, ExitStatus.decode(status)))
+        if found and self.spared is not None:
+            # A child ended: a dead worker's orphans (a handler's daemon) are ours now, and
+            # so are the orphans of a stray killed last time. None may outlive its step.
+            strays = reaper.kill_strays(self.spawned | self.spared)
+            if strays:
+                log.warning(
+                    "killed %d process(es) left behind by a worker: %s", len(strays),
+                    ", ".join(map(str, sorted(strays))), extra={"action": "kill"},
+                )  # fmt: skip
         return found
 
     def read(self, fd: int) -> bytes | None:

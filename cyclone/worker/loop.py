@@ -15,8 +15,9 @@ from typing import Any
 import psycopg
 
 from cyclone import engine, runner
-from cyclone.child import channel
+from cyclone.child import channel, reaper
 from cyclone.child.channel import Channel, ExitCode
+from cyclone.child.limits import limit_memory
 from cyclone.child.process import (
     CONNECT_TIMEOUT,
     ChildExit,
@@ -46,6 +47,7 @@ class WorkerOptions:
     max_steps: int  # 0: never recycle
     # Ask the supervisor for each step, and have it record finished tasks (dispatch.py).
     dispatch: bool = False
+    max_memory: int | None = None  # bytes: RLIMIT_DATA, set after the fork (child/limits.py)
 
 
 # Told to lease on its own (the supervisor's session failed), a worker does so this long
@@ -85,6 +87,9 @@ class Worker:
         self.channel = Channel(fd)
         try:
             init_process(self.parent)
+            # What a handler daemonises stays below us, and ends with its step.
+            reaper.become_subreaper()
+            limit_memory(self.options.max_memory)
             self.wakeup = Wakeup()
             self.install_signals()
             self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -279,6 +284,8 @@ class Worker:
         try:
             outcome = runner.execute(self.db(), self.registry, lease, done=done, effects=effects)
         finally:
+            # Whatever the handler started ends with its step, before the step is recorded.
+            reaper.end_leftovers()
             renewed_at = self.keeper.release()
             self.wakeup.reclaim()
             self.install_signals()

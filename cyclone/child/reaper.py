@@ -1,0 +1,140 @@
+"""Ending every process a step started, daemons included.
+
+Killing a worker's process group misses what a handler moved out of it (`setsid`,
+`setpgid`, a double fork): such a process was re-parented to PID 1 and outlived its step.
+Linux's child subreaper (PR_SET_CHILD_SUBREAPER) keeps them in reach instead: an orphan goes
+to its nearest subreaper ancestor rather than to PID 1.
+
+- A worker is a subreaper, so what its handler daemonises stays its descendant while it
+  lives, and it ends them all when the step ends (`end_leftovers`).
+- The supervisor is a subreaper, so when a worker dies (killed for a timeout, say) its
+  descendants come to the supervisor, which kills every child it did not fork
+  (`kill_strays`) each time it reaps.
+
+The process tree is read from /proc/PID/stat (this kernel may lack /proc/PID/task/*/children).
+Off Linux nothing here does anything: the process-group kill is all there is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Collection
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+# How long a worker waits for the processes it killed to be reaped before it goes on; one
+# stuck in the kernel (an NFS read) stays a zombie until the next step's end reaps it.
+REAP_WAIT = 1.0
+# Rounds of kill-and-look: a process may fork between the look and the kill, and its child
+# is then found by the next look (a SIGKILLed process forks no more).
+ROUNDS = 5
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children; False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def parents() -> dict[int, int]:
+    """pid -> parent pid, for every process in /proc (zombies included)."""
+    found = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fp:
+                text = fp.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The command sits in parentheses and may hold anything, ")" too: split at the last.
+        fields = text.rsplit(b")", 1)[-1].split()
+        if len(fields) > 1:
+            found[int(name)] = int(fields[1])
+    return found
+
+
+def descendants(of: int, tree: dict[int, int], skip: Collection[int] = ()) -> list[int]:
+    """Every process below `of` in `tree` (pid -> ppid), leaving out `skip` and theirs."""
+    below: dict[int, list[int]] = {}
+    for pid, ppid in tree.items():
+        below.setdefault(ppid, []).append(pid)
+    found, todo = [], [pid for pid in below.get(of, []) if pid not in skip]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(below.get(pid, []))
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def kill_strays(spare: Collection[int]) -> list[int]:
+    """SIGKILL every descendant of this process except `spare` (the children it forked on
+    purpose) and theirs; returns the pids killed. Reaping them is the caller's waitpid."""
+    me = os.getpid()
+    pids = descendants(me, parents(), spare)
+    if pids:
+        _kill(pids)
+    return pids
+
+
+def has_children() -> bool:
+    """Whether this process has any child, running or a zombie: one system call."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def end_leftovers(reap_wait: float = REAP_WAIT) -> int:
+    """Kill and reap everything below this process (a worker, between two steps): what a
+    handler started must not outlive its step. Returns how many processes were killed."""
+    if not has_children():
+        return 0
+    killed: set[int] = set()
+    for _ in range(ROUNDS):
+        pids = descendants(os.getpid(), parents())
+        if not pids:
+            break
+        _kill(pids)
+        killed.update(pids)
+        _reap(time.monotonic() + reap_wait)
+    if killed:
+        log.warning(
+            "killed %d process(es) the handler left running: %s", len(killed),
+            ", ".join(map(str, sorted(killed))), extra={"action": "kill"},
+        )  # fmt: skip
+    return len(killed)
+
+
+def _reap(deadline: float) -> None:
+    """Reap this process's children until none is left or `deadline` passes. Between steps
+    no handler code runs, so no Popen object of a handler waits for one of them."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.005)  # SIGKILL lands within microseconds; a poll costs nothing
