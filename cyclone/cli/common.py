@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config
@@ -38,7 +37,7 @@ from cyclone.db import (
 from cyclone.display import Shown
 from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
-from cyclone.redact import redact_dsn
+from cyclone.redact import redact_dsn, redact_error
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -187,14 +186,7 @@ class Session:
 
 def redact(dsn: str, text: str) -> str:
     """`text` with the DSN's password removed, however the server or libpq quoted it."""
-    text = " ".join(redact_dsn(text).split())
-    try:
-        password = conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:
-        password = None
-    if password:
-        text = text.replace(str(password), "***")
-    return text
+    return redact_error(text, dsn)
 
 
 # --- argument types -------------------------------------------------------------------------

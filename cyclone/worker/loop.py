@@ -9,7 +9,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -17,6 +17,7 @@ import psycopg
 from cyclone import engine, runner
 from cyclone.child import channel, reaper
 from cyclone.child.channel import Channel, ExitCode
+from cyclone.child.environ import scrub_environment
 from cyclone.child.limits import limit_memory
 from cyclone.child.process import (
     CONNECT_TIMEOUT,
@@ -90,6 +91,8 @@ class Worker:
             # What a handler daemonises stays below us, and ends with its step.
             reaper.become_subreaper()
             limit_memory(self.options.max_memory)
+            # Before any handler runs: what it starts must not inherit the password.
+            self.options = replace(self.options, dsn=scrub_environment(self.options.dsn))
             self.wakeup = Wakeup()
             self.install_signals()
             self.name = f"{socket.gethostname()}:{os.getpid()}"
