@@ -10,6 +10,8 @@ from typing import Any
 
 from rich.cells import cell_len
 
+from cyclone.sanitize import plain_text, printable_lines
+
 
 def table(
     title: str | None,
@@ -21,9 +23,8 @@ def table(
     """A borderless rich table. Only the `wrap` columns fold long cells: measuring wrappable
     cells is most of rich's rendering time."""
     from rich import box
-    from rich.table import Table
 
-    t = Table(
+    t = _plain_table()(
         title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
     )
     for name in columns:
@@ -33,14 +34,30 @@ def table(
     return t
 
 
+def _plain_table() -> type:
+    from rich.table import Table
+
+    class PlainTable(Table):
+        """A table whose string cells are plain text: names and errors come from users, and a
+        workflow named "markup[/oops]" must show as such, not crash rich's markup parser (or
+        restyle the screen), nor an escape sequence in an error reach the terminal."""
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            cells = [plain_text(r) if isinstance(r, str) else r for r in renderables]
+            super().add_row(*cells, **kwargs)
+
+    return PlainTable
+
+
 def cell(value: Any) -> str:
+    """A value as shown: control characters escaped (line breaks kept: a traceback's)."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
         return when(value)
     if isinstance(value, Enum):
-        return str(value.value)
-    return str(value)
+        return printable_lines(value.value)
+    return printable_lines(value)
 
 
 def when(value: datetime | None) -> str:
@@ -130,7 +147,8 @@ def records(
         if numbered:
             out.append(f"-[ {n} ]".ljust(pad + 20, "-") + "\n", "dim")
         for column, value in zip(columns, row, strict=True):
-            lines = value.splitlines() or [""]
+            # Escaped here too: not every caller's values came through cell().
+            lines = printable_lines(value).splitlines() or [""]
             out.append(column.name.ljust(pad), "bold")
             out.append(lines[0] + "\n")
             for line in lines[1:]:

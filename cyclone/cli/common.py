@@ -38,6 +38,7 @@ from cyclone.display import Shown
 from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
 from cyclone.redact import redact_dsn, redact_error
+from cyclone.sanitize import printable
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -65,7 +66,8 @@ def message(text: str) -> None:
     """One line for the operator on stderr. Every message carries the `cyclone:` prefix, once,
     so a script's log tells them from its own and from the data on stdout."""
     text = text if text.startswith(PREFIX) else PREFIX + text
-    print(text, file=sys.stderr, flush=True)
+    # One line, whatever a name or an error it quotes holds (control characters escaped).
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 # --- the database session -------------------------------------------------------------------
@@ -295,7 +297,8 @@ def console() -> Any:
     from rich.console import Console
 
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-    return Console(file=sys.stdout, highlight=False, width=width)
+    # No markup: every string printed is data (names, errors), never a style to obey.
+    return Console(file=sys.stdout, highlight=False, markup=False, width=width)
 
 
 def to_jsonable(value: Any) -> Any:

@@ -27,6 +27,7 @@ from cyclone.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
 from cyclone.errors import PayloadTooLarge, RunNotFound
 from cyclone.models import RunStatus, node_label
+from cyclone.sanitize import printable, printable_lines
 from cyclone.sql import QUERIES
 from cyclone.states import RunState, StepState
 
@@ -274,8 +275,9 @@ def _error_details(out: Any, rows: list[dict[str, Any]]) -> None:
         if "\n" not in error:
             continue
         label = node_label(r["node"], r["item_index"])
-        text = Text(f"\nstep {r['id']} {label} ({r['state']}, attempt {r['attempt']}):\n", "bold")
-        text.append(error)
+        heading = f"step {r['id']} {label} ({r['state']}, attempt {r['attempt']}):"
+        text = Text("\n" + printable(heading) + "\n", "bold")
+        text.append(printable_lines(error))
         out.print(text, soft_wrap=True)
 
 

@@ -17,9 +17,9 @@ from cyclone.config import ENV_DATABASE_URL, Settings, load_config
 from cyclone.db import check_dsn, connect, resolve_dsn, unreachable, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import ConfigError, CycloneError
-from cyclone.logsafe import SafeRecords, printable
 from cyclone.migrate import latest_version, migrate
 from cyclone.redact import redact_error
+from cyclone.sanitize import SafeRecords, printable
 from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
 from cyclone.workflow import Registry, load_modules

@@ -20,8 +20,8 @@ from cyclone.cli import main as cli_main
 from cyclone.config import load_config
 from cyclone.db import check_dsn
 from cyclone.errors import ConfigError
-from cyclone.logsafe import SafeRecords
 from cyclone.redact import redact_error
+from cyclone.sanitize import SafeRecords
 from cyclone.supervisor.__main__ import JsonFormatter, setup_logging
 from cyclone.supervisor.__main__ import main as supervisor_main
 

@@ -1,5 +1,5 @@
-"""Text from outside (workflow and node names, error text, payloads) made safe for one line of
-a terminal or a log, and log records without a DSN's password.
+"""Text from outside (workflow and node names, error text, payloads) made safe for a terminal
+and a log line, and log records without a DSN's password.
 
 A name or an error may hold anything: a newline splits a log line in two (a forged second
 line, to whoever reads the log), an escape sequence reaches the terminal that shows it (it can
@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Any
 
 from cyclone.redact import redact_secrets
 
-# C0 and C1 controls (tab aside), DEL, the Unicode line and paragraph separators, and the
-# bidirectional embeddings, overrides and isolates.
-_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r"}
+# C0 and C1 controls, DEL, the Unicode line and paragraph separators, and the bidirectional
+# embeddings, overrides and isolates. A tab too: it breaks a table's columns.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -29,13 +30,21 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: object) -> str:
-    """`text` on one line, with every control character escaped (tabs kept)."""
+    """`text` on one line, with every control character escaped."""
     return _UNSAFE.sub(_escape, str(text))
 
 
-def printable_lines(text: str) -> str:
+def printable_lines(text: object) -> str:
     """Like `printable`, but keeping the line breaks (a traceback is several lines)."""
-    return "\n".join(printable(line) for line in text.split("\n"))
+    return "\n".join(printable(line) for line in str(text).split("\n"))
+
+
+def plain_text(text: object, *, lines: bool = True, style: str = "") -> Any:
+    """A rich Text of `text`: never read as markup (a workflow named "markup[/oops]" is shown,
+    not parsed), control characters escaped, line breaks kept when `lines`."""
+    from rich.text import Text
+
+    return Text(printable_lines(text) if lines else printable(text), style=style)
 
 
 class SafeRecords(logging.Filter):
