@@ -89,7 +89,11 @@ def _overlaps(token: str, secret: str) -> bool:
     it, or an end of it where the token begins or ends ("ss@host" from "p@ss")."""
     if not token:
         return False
-    if token in secret or secret in token:
+    # A one-character token ("@") tells nothing, and a password of a character or two (or one
+    # libpq cut short) would otherwise hide every token that holds that letter.
+    if (len(token) >= _PIECE and token in secret) or token == secret:
+        return True
+    if len(secret) >= _RUN and secret in token:
         return True
     shortest = min(_PIECE, len(secret))
     return any(
@@ -148,10 +152,13 @@ def _hide_runs(text: str, secret: str) -> str:
         while right < len(text) and text[left : right + 1] in secret:
             right += 1
         whole = text[left:right] == secret
-        at_edge = (left == 0 or text[left - 1] in _EDGES) or (
-            right == len(text) or text[right] in _EDGES
-        )
-        if not (whole or at_edge):
+        edge_left = left == 0 or text[left - 1] in _EDGES
+        edge_right = right == len(text) or text[right] in _EDGES
+        if len(secret) < _RUN:
+            hide = whole and edge_left and edge_right  # a short one only as a word of its own
+        else:
+            hide = whole or edge_left or edge_right
+        if not hide:
             continue
         out += [text[start:left], "***"]
         start = right

@@ -131,7 +131,9 @@ class Session:
         try:
             check_dsn(dsn)
         except ConfigError as exc:
-            raise CliError(USAGE, f"{origin}: {redact(dsn, str(exc))}") from None
+            # check_dsn's messages quote nothing of the password already: redacting them
+            # again would hide their own words (a password "p" in "password").
+            raise CliError(USAGE, f"{origin}: {exc}") from None
         return dsn
 
     @property

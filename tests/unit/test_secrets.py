@@ -199,3 +199,11 @@ def test_the_clis_top_level_database_errors_have_their_exit_status(capsys) -> No
     err = capsys.readouterr().err
     assert err.count("\n") == 2
     assert_hidden("Sekr1tTk3s", err)
+
+
+def test_the_refusal_reads_whole_even_for_a_password_libpq_cut_short(capsys) -> None:
+    # libpq reads the password as "p" here: hiding every "p" would garble the hint itself.
+    assert cli_main(["--dsn", "postgresql://cyclone:p@ss@127.0.0.1:1/db", "runs"]) == 2
+    err = capsys.readouterr().err
+    assert 'holds an "@" (in a URL, write "@" in the password as %40' in err
+    assert "ss@127" not in err
