@@ -6,6 +6,7 @@ everything they quote goes through `redact_dsn` (or `show_value`, which calls it
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -21,8 +22,12 @@ _KV_PASSWORD = re.compile(
 
 def redact_dsn(url: str) -> str:
     """`url` with any password replaced by `***`, in URL and key=value form alike."""
-    url = _URL_PASSWORD.sub(r"\1***@", url)
-    return _KV_PASSWORD.sub(r"\1***", url)
+    # The substring tests first: every log line comes through here, and seldom holds either.
+    if "://" in url:
+        url = _URL_PASSWORD.sub(r"\1***@", url)
+    if "password" in url.lower():
+        url = _KV_PASSWORD.sub(r"\1***", url)
+    return url
 
 
 def show_value(value: object) -> str:
@@ -45,20 +50,32 @@ _QUOTED = re.compile(r"\"([^\"]*)\"|'([^']*)'")
 # A quoted value that begins with this many characters that end a password (or the reverse)
 # is taken as a piece of it: a misread DSN splits the password where a host or port begins.
 _PIECE = 2
-# Quoted, or all up to the next `key=` (libpq stops at a space and complains about the rest:
-# `password=my secret` gives `missing "=" after "secret"`).
-_KV_RAW = re.compile(
-    r"password\s*=\s*('(?:[^'\\]|\\.)*'?|.*?)(?=\s+[A-Za-z_]\w*\s*=|\s*$)",
-    re.IGNORECASE | re.ASCII | re.DOTALL,
-)
+
+
+@functools.cache
+def _kv_raw() -> re.Pattern[str]:
+    """A key=value DSN's password as written: quoted, or all up to the next libpq keyword
+    (libpq stops at a space and complains about the rest: `password=my secret` gives
+    `missing "=" after "secret"`, and `password=a b=c` an invalid option "b")."""
+    from psycopg import pq
+
+    keywords = "|".join(re.escape(d.keyword.decode()) for d in pq.Conninfo.get_defaults())
+    return re.compile(
+        rf"password\s*=\s*('(?:[^'\\]|\\.)*'?|.*?)(?=\s+(?:{keywords})\s*=|\s*$)",
+        re.IGNORECASE | re.ASCII | re.DOTALL,
+    )
 
 
 def secrets_of(dsn: str | None) -> list[str]:
+    """See `_secrets_of`; a copy (that one is cached: the log filter asks for every line)."""
+    return list(_secrets_of(dsn)) if dsn else []
+
+
+@functools.lru_cache(maxsize=16)
+def _secrets_of(dsn: str) -> tuple[str, ...]:
     """What of `dsn` must never be shown: its password as parsed, and, for a DSN libpq reads
     differently than its author meant (a raw "@" or "/" in the password), the raw text where
     the password was written, which may end up in a host, port or database name."""
-    if not dsn:
-        return []
     from urllib.parse import unquote
 
     found = []
@@ -78,10 +95,10 @@ def secrets_of(dsn: str | None) -> list[str]:
             raw = userinfo.partition(":")[2]
             found += [raw, unquote(raw)]
     else:
-        for match in _KV_RAW.finditer(dsn):
+        for match in _kv_raw().finditer(dsn):
             raw = match.group(1)
             found += [raw, raw.strip("'")]
-    return [s for s in dict.fromkeys(found) if s]
+    return tuple(s for s in dict.fromkeys(found) if s)
 
 
 def _overlaps(token: str, secret: str) -> bool:
@@ -136,12 +153,17 @@ _RUN = 4
 _EDGES = frozenset(" \t\"'@/:?#=,;()[]{}<>")
 
 
-def _hide_runs(text: str, secret: str) -> str:
+@functools.lru_cache(maxsize=64)
+def _grams(secret: str) -> re.Pattern[str]:
     size = min(_RUN, len(secret))
-    # One search in C for the common case of no hit: this runs on every log line.
-    grams = re.compile(
+    return re.compile(
         "|".join(re.escape(secret[i : i + size]) for i in range(len(secret) - size + 1))
     )
+
+
+def _hide_runs(text: str, secret: str) -> str:
+    # One search in C for the common case of no hit: this runs on every log line.
+    grams = _grams(secret)
     out, start = [], 0
     for match in grams.finditer(text):
         if match.start() < start:
