@@ -60,11 +60,17 @@ def parents() -> dict[int, int]:
                 text = fp.read()
         except OSError:
             continue  # gone meanwhile
-        # The command sits in parentheses and may hold anything, ")" too: split at the last.
-        fields = text.rsplit(b")", 1)[-1].split()
-        if len(fields) > 1:
-            found[int(name)] = int(fields[1])
+        ppid = ppid_of(text)
+        if ppid is not None:
+            found[int(name)] = ppid
     return found
+
+
+def ppid_of(stat: bytes) -> int | None:
+    """The parent pid in a /proc/PID/stat line: `pid (comm) state ppid ...`. The command may
+    hold anything, spaces and ")" too, so the fields are counted after its last ")"."""
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 def descendants(of: int, tree: dict[int, int], skip: Collection[int] = ()) -> list[int]:
