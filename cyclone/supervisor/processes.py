@@ -33,6 +33,8 @@ SUPERVISOR_SIGNALS = (
     signal.SIGTTIN,
     signal.SIGTTOU,
 )
+# Exits after which a child has no process of its own left (see OsProcessOps.reap).
+CLEAN_EXITS = (ExitCode.OK, ExitCode.RECYCLE)
 # Asks a worker to finish its current step, record it, and exit: drain, resize, reload.
 RETIRE_SIGNAL = signal.SIGUSR1
 # Asks a worker to give up its current step cooperatively (ctx.done is set) before SIGKILL.
@@ -143,6 +145,7 @@ class OsProcessOps:
 
     def reap(self) -> list[tuple[int, ExitStatus]]:
         found = []
+        orphans = False
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -150,11 +153,16 @@ class OsProcessOps:
                 break
             if pid == 0:
                 break
+            exit_status = ExitStatus.decode(status)
+            # A child of ours that left cleanly ended its leftovers itself (the worker does,
+            # after each step and before it exits); any other exit may have left orphans.
+            orphans |= pid not in self.spawned or exit_status.code not in CLEAN_EXITS
             self.spawned.discard(pid)
-            found.append((pid, ExitStatus.decode(status)))
-        if found and self.spared is not None:
-            # A child ended: a dead worker's orphans (a handler's daemon) are ours now, and
-            # so are the orphans of a stray killed last time. None may outlive its step.
+            found.append((pid, exit_status))
+        if orphans and self.spared is not None:
+            # A dead worker's orphans (a handler's daemon) are ours now, and so are the
+            # orphans of a stray killed last time. None may outlive its step. One read of
+            # /proc (about 20 us a process on the host), only after such an exit.
             strays = reaper.kill_strays(self.spawned | self.spared)
             if strays:
                 log.warning(

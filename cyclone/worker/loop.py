@@ -111,7 +111,11 @@ class Worker:
             )  # fmt: skip
             self.keeper.start()
             self.channel.send(channel.Ready())
-            return self.loop()
+            code = self.loop()
+            # Whatever a handler's thread started since: the supervisor counts on a clean
+            # exit leaving nothing behind (it looks for orphans only after other exits).
+            reaper.end_leftovers()
+            return code
         except ChildExit as exc:
             return exc.code
         except ConnectionError:  # broken pipe or reset: the supervisor is gone
