@@ -86,20 +86,43 @@ def descendants(of: int, tree: dict[int, int], skip: Collection[int] = ()) -> li
     return found
 
 
-def _kill(pids: list[int]) -> None:
+def _kill(pids: list[int], tree: dict[int, int]) -> list[int]:
+    """SIGKILL `pids`, each only if it is still the process the `tree` snapshot saw: a pid
+    freed and reused since (a grandchild reaped by its own parent) must not be signalled. A
+    pidfd pins the process; its parent, read after, must be the one seen or us (re-parented
+    to this subreaper meanwhile). Returns the pids signalled."""
+    me, hit = os.getpid(), []
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        except (AttributeError, OSError):  # no pidfd (before Linux 5.3): the plain kill
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                hit.append(pid)
+            continue
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fp:
+                stat = fp.read()
+            if stat.rsplit(b")", 1)[-1].split()[:1] == [b"Z"]:
+                continue  # dead already: only reaping is left, and counts as no kill
+            if ppid_of(stat) in (tree.get(pid), me):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                hit.append(pid)
+        except (OSError, ProcessLookupError):
+            pass  # gone meanwhile
+        finally:
+            os.close(fd)
+    return hit
 
 
 def kill_strays(spare: Collection[int]) -> list[int]:
     """SIGKILL every descendant of this process except `spare` (the children it forked on
     purpose) and theirs; returns the pids killed. Reaping them is the caller's waitpid."""
-    me = os.getpid()
-    pids = descendants(me, parents(), spare)
-    if pids:
-        _kill(pids)
-    return pids
+    tree = parents()
+    pids = descendants(os.getpid(), tree, spare)
+    return _kill(pids, tree) if pids else []
 
 
 def has_children() -> bool:
@@ -118,11 +141,11 @@ def end_leftovers(reap_wait: float = REAP_WAIT) -> int:
         return 0
     killed: set[int] = set()
     for _ in range(ROUNDS):
-        pids = descendants(os.getpid(), parents())
+        tree = parents()
+        pids = descendants(os.getpid(), tree)
         if not pids:
             break
-        _kill(pids)
-        killed.update(pids)
+        killed.update(_kill(pids, tree))
         _reap(time.monotonic() + reap_wait)
     if killed:
         log.warning(

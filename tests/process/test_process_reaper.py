@@ -67,3 +67,24 @@ def test_max_memory_bounds_what_a_handler_allocates(env, supervisor, tmp_path) -
     failed = wait_for(lambda: terminal(env, big), 15, "the big allocation")
     assert (failed.state, failed.error_kind) == (RunState.FAILED, ErrorKind.ERROR)
     assert "MemoryError" in failed.error
+
+
+def test_a_pid_whose_parent_is_not_the_one_seen_is_not_signalled() -> None:
+    """A pid from the /proc snapshot that now names another process (its parent differs) is
+    left alone: the snapshot's pid may have been freed and reused."""
+    import subprocess
+
+    from cyclone.child import reaper
+
+    shell = subprocess.Popen(
+        ["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        sleeper = int(shell.stdout.readline())
+        assert reaper._kill([sleeper], {sleeper: 999_999}) == []  # not the parent seen
+        assert alive(sleeper)
+        assert reaper._kill([sleeper], {sleeper: shell.pid}) == [sleeper]
+        wait_for(lambda: not alive(sleeper), 5, "the sleeper to die")
+    finally:
+        shell.kill()
+        shell.wait(10)
