@@ -88,3 +88,4 @@ def test_a_pid_whose_parent_is_not_the_one_seen_is_not_signalled() -> None:
     finally:
         shell.kill()
         shell.wait(10)
+        shell.stdout.close()
