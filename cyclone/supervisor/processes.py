@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -130,7 +129,9 @@ class OsProcessOps:
                     os.close(fd)
             code = main(write_fd)
         except BaseException:
-            traceback.print_exc()
+            # Through logging, not print_exc: the log's filter escapes what the exception
+            # quotes (a name, a payload) and removes the database password (cyclone/sanitize.py).
+            log.critical("child %d crashed", os.getpid(), exc_info=True)
         finally:
             leave(code)  # a child never returns into the supervisor's code
 
