@@ -2,6 +2,12 @@
 
 Config errors, the CLI's messages and the logs show DSNs and values an operator typed;
 everything they quote goes through `redact_dsn` (or `show_value`, which calls it).
+
+An error about a connection may also quote pieces of the password without any DSN around
+them: a URL with a raw "@" or "/" in its password is read by libpq with part of the password
+as the host, port or database name, and libpq and the server name those back. `redact_error`
+(one line) and `redact_secrets` (the supervisor's log filter, cyclone/sanitize.py) hide them,
+given the DSN: its password, and the raw text where the password was written.
 """
 
 from __future__ import annotations
