@@ -331,6 +331,14 @@ def note_hidden(shown: Shown) -> None:
         print(textwrap.fill(text, shown.width, subsequent_indent="  "), file=sys.stderr, flush=True)
 
 
+# What json.dumps leaves raw with ensure_ascii=False though a terminal would obey it: DEL,
+# the C1 controls (\x9b starts an escape sequence on some terminals), the Unicode line
+# separators and the bidi overrides. Written as \uXXXX they are the same JSON.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False)
+    text = _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()

@@ -11,7 +11,7 @@ import cyclone
 from cyclone import engine
 
 RAW = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-ERROR = "bad \x1b[2J\x1b]0;pwned\x07 text\r\nsecond \u202e line [/red]"
+ERROR = "bad \x1b[2J\x1b]0;pwned\x07 text\r\nsecond \u202e line \x9b[/red]"
 
 failing = cyclone.Workflow("markup[/oops] \x1b[31mred\nforged line")
 
@@ -58,5 +58,10 @@ def test_every_listing_and_the_status_screen_show_hostile_names(capsys, env) -> 
         shown += result.out
     assert "markup[/oops]" in shown and "n[bold]o\\rde" in shown and "w[/]a" in shown
     assert "\\x1b[2J" in shown  # the escape shown, not sent
-    # In JSON the values are data, as they are: json escapes what it must.
-    assert run_cli(capsys, env, "status", "--json").json()["unserved"] is not None
+    # In JSON the values are data, as they are, written with every control character, line
+    # separator and bidi override escaped (\u009b, \u202e): the same JSON, safe on a terminal.
+    for argv in (("steps", failed, "--json"), ("dlq", "list", "--json"), ("status", "--json")):
+        result = run_cli(capsys, env, *argv)
+        assert result.code == 0 and not RAW.search(result.out), (argv, result.out)
+    (dead,) = run_cli(capsys, env, "dlq", "list", "--json").json()
+    assert ERROR in dead["error"] and dead["workflow"] == failing.name
