@@ -207,3 +207,24 @@ def test_the_refusal_reads_whole_even_for_a_password_libpq_cut_short(capsys) -> 
     err = capsys.readouterr().err
     assert 'holds an "@" (in a URL, write "@" in the password as %40' in err
     assert "ss@127" not in err
+
+
+def test_the_supervisors_top_level_database_errors_have_their_exit_status(capsys) -> None:
+    import psycopg
+
+    from cyclone.supervisor.__main__ import database_error
+
+    url = "postgresql://cyclone:Sekr1tTk3s@db.internal/cyclone"
+    cases = [
+        (psycopg.OperationalError('connection to "Sekr1tTk3s" failed\nsecond'), 3),  # no SQLSTATE
+        (psycopg.errors.AdminShutdown("terminating connection"), 3),  # 57P01: restarting
+        (psycopg.errors.SerializationFailure("could not serialize"), 3),  # 40001: retry
+        (psycopg.errors.QueryCanceled("statement timeout"), 3),
+        (psycopg.errors.InsufficientPrivilege("permission denied"), 2),  # a restart won't help
+        (psycopg.errors.ReadOnlySqlTransaction("read-only"), 2),
+    ]
+    for exc, code in cases:
+        assert database_error(exc, url) == code, exc
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("cyclone-supervisor: database ")
+        assert_hidden(url, err)
