@@ -183,7 +183,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
     # One record, field per line: a long input or error must not squeeze the field names.
     console().print(
         records(
-            [Column(name) for name in fields],
+            [Column(name, lines=name == "error") for name in fields],
             [[when(getattr(st, n)) if n.endswith("_at") else _short(v) for n, v in fields.items()]],
             numbered=False,
         ),

@@ -58,6 +58,9 @@ def test_every_listing_and_the_status_screen_show_hostile_names(capsys, env) -> 
         shown += result.out
     assert "markup[/oops]" in shown and "n[bold]o\\rde" in shown and "w[/]a" in shown
     assert "\\x1b[2J" in shown  # the escape shown, not sent
+    # A newline in a name is shown, not obeyed: no row of its own ("forged line" in a table).
+    assert "red\\nforged line" in shown
+    assert not any(line.strip().startswith("forged line") for line in shown.splitlines())
     # In JSON the values are data, as they are, written with every control character, line
     # separator and bidi override escaped (\u009b, \u202e): the same JSON, safe on a terminal.
     for argv in (("steps", failed, "--json"), ("dlq", "list", "--json"), ("status", "--json")):
