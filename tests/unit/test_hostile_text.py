@@ -104,6 +104,17 @@ def test_a_markup_name_is_shown_as_written() -> None:
     print_listing(con, [Column("workflow")], [("[bold]loud[/bold]",)])
     assert "[bold]loud[/bold]" in out.getvalue()
 
+    # A name's newline is shown, in a listing, a record and a table; an error keeps its lines.
+    con, out = console()
+    print_listing(con, [Column("workflow"), Column("error", first_line=True)], [("a\nb", "x\ny")])
+    con.print(records([Column("workflow"), Column("error", lines=True)], [["a\nb", "x\ny"]]))
+    t = table("t", ["workflow"])
+    t.add_row("a\nb")
+    con.print(t)
+    lines = out.getvalue().splitlines()
+    assert sum("a\\nb" in line for line in lines) == 3
+    assert any(line.strip() == "y" for line in lines)  # the error's second line, in the record
+
 
 def test_escapes_are_visible_and_line_breaks_kept_where_text_has_lines() -> None:
     assert printable("a\nb\x1b[2J\tc\u202e") == "a\\nb\\x1b[2J\\tc\\u202e"
