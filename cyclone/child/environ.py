@@ -4,8 +4,8 @@ Whatever a handler starts inherits the worker's environment: the supervisor's
 `CYCLONE_DATABASE_URL` (password included) would be in every subprocess's environment, in
 what crash reporters and `env` dumps show, and in each one's /proc/PID/environ. A worker needs
 none of it: its DSN came with its options, built before the fork. So it drops, in its own
-process only, the variables that carry the password: by name, and any other whose value
-holds it (a platform's DATABASE_URL, say).
+process only, the variables that carry the password: by name, and any other whose value is
+the password or a connection string holding it (a platform's DATABASE_URL, say).
 
 This is not a sandbox: the handler runs in the worker, which holds the DSN in memory, and as
 the same user it can read the supervisor's /proc/PID/environ (a systemd credential avoids
@@ -36,6 +36,15 @@ def scrub_environment(dsn: str) -> str:
         dsn = make_conninfo(dsn, password=password)
     secrets = [s for s in secrets_of(dsn) if len(s) >= MIN_SECRET]
     for name, value in list(os.environ.items()):
-        if name in SECRET_VARIABLES or any(secret in value for secret in secrets):
+        if name in SECRET_VARIABLES or any(_carries(value, secret) for secret in secrets):
             del os.environ[name]  # unsetenv too: what subprocesses inherit
     return dsn
+
+
+def _carries(value: str, secret: str) -> bool:
+    """Whether a variable's value is the password, or a connection string holding it. Not
+    any value that contains it: with a password "postgres", HOME=/var/lib/postgresql must
+    stay (a handler without HOME breaks in ways that hide the cause)."""
+    if value == secret:
+        return True
+    return secret in value and ("://" in value or "password" in value.lower())

@@ -162,16 +162,22 @@ def test_a_worker_drops_the_secret_bearing_variables(monkeypatch) -> None:
     monkeypatch.setenv("CYCLONE_DATABASE_URL", dsn)
     monkeypatch.setenv("PGPASSWORD", "other-Sekr1t")
     monkeypatch.setenv("APP_DATABASE_URL", dsn + "?sslmode=require")
+    monkeypatch.setenv("APP_DB", "host=db password=Sekr1tTk3s")
+    monkeypatch.setenv("APP_SECRET", "Sekr1tTk3s")
     monkeypatch.setenv("UNRELATED", "kept")
+    # Holds the password, but is no connection string: a password "postgres" and
+    # HOME=/var/lib/postgresql must not cost a handler its HOME.
+    monkeypatch.setenv("DATA_DIR", "/var/lib/Sekr1tTk3s/data")
     assert scrub_environment(dsn) == dsn  # it has its password: PGPASSWORD is not moved in
-    for name in ("CYCLONE_DATABASE_URL", "PGPASSWORD", "APP_DATABASE_URL"):
+    for name in ("CYCLONE_DATABASE_URL", "PGPASSWORD", "APP_DATABASE_URL", "APP_DB", "APP_SECRET"):
         assert name not in os.environ
     assert os.environ["UNRELATED"] == "kept"
+    assert os.environ["DATA_DIR"] == "/var/lib/Sekr1tTk3s/data"
 
 
 def test_a_dsn_relying_on_pgpassword_gets_it_before_it_is_dropped(monkeypatch) -> None:
     monkeypatch.setenv("PGPASSWORD", "Sekr1tTk3s")
-    monkeypatch.setenv("ALSO", "prefix Sekr1tTk3s suffix")
+    monkeypatch.setenv("ALSO", "postgresql://u:Sekr1tTk3s@elsewhere/db")
     dsn = scrub_environment("host=db.internal user=cyclone")
     assert "PGPASSWORD" not in os.environ and "ALSO" not in os.environ
     from psycopg.conninfo import conninfo_to_dict
