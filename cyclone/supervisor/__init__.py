@@ -9,9 +9,9 @@ store.py       the kept connection for its few writes; the LISTEN connection for
 dispatch.py    leasing for the waiting workers and recording their finished tasks, in batches
 outcomes.py    one log line per step outcome
 metrics.py     the Prometheus registry, fed by the children's pipes, served from the loop
-labels.py      workflow and node label values, capped (the rest count as "other")
 gauges.py      the gauges read from the database at scrape time (DLQ depth, active runs)
 presence.py    the supervisor's and its workers' rows, for `cyclone status` on any host
+labels.py      workflow and node label values of the metrics, capped (the rest: "other")
 
 The pipe protocol, process titles and a child's set-up live in cyclone.child, which the
 workers and the scanner import too.

@@ -15,10 +15,8 @@ from typing import Any
 import psycopg
 
 from cyclone import engine, runner
-from cyclone.child import channel, reaper
+from cyclone.child import channel, environ, limits, reaper
 from cyclone.child.channel import Channel, ExitCode
-from cyclone.child.environ import scrub_environment
-from cyclone.child.limits import limit_memory
 from cyclone.child.process import (
     CONNECT_TIMEOUT,
     ChildExit,
@@ -90,9 +88,9 @@ class Worker:
             init_process(self.parent)
             # What a handler daemonises stays below us, and ends with its step.
             reaper.become_subreaper()
-            limit_memory(self.options.max_memory)
+            limits.limit_memory(self.options.max_memory)
             # Before any handler runs: what it starts must not inherit the password.
-            self.options = replace(self.options, dsn=scrub_environment(self.options.dsn))
+            self.options = replace(self.options, dsn=environ.scrub_environment(self.options.dsn))
             self.wakeup = Wakeup()
             self.install_signals()
             self.name = f"{socket.gethostname()}:{os.getpid()}"
