@@ -23,6 +23,7 @@ from psycopg.rows import dict_row
 
 from cyclone.db import (
     MAX_PAYLOAD_BYTES,
+    check_dsn,
     check_text,
     encode_json,
     is_step_id,
@@ -175,6 +176,9 @@ class Calls:
         _on_wait: Callable[[str], None] | None = None,
     ) -> None:
         self.dsn = resolve_dsn(dsn)
+        # Before any pool: a URL libpq cannot read would be logged, password and all, by
+        # every connection attempt the pool makes (ConfigError, one line, no password).
+        check_dsn(self.dsn)
         self.max_payload_bytes = max_payload_bytes
         self._pool_size = pool_size
         # False: waits poll, without LISTEN (for a pooler that cannot deliver notifications,

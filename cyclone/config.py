@@ -77,6 +77,30 @@ def _one_of(*choices: str) -> Check:
     return Check("one of " + ", ".join(f'"{c}"' for c in choices), lambda v: v in choices)
 
 
+# Sizes as systemd writes them (K, M, G, T are powers of 1024; KiB... too), or bytes.
+_SIZE = re.compile(r"([0-9]+)\s*(|B|K|KiB|M|MiB|G|GiB|T|TiB)")
+_SIZE_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+SIZE_HELP = 'a size in bytes, or like "512M" or "2GiB" (K, M, G, T: powers of 1024)'
+MIN_MEMORY = 64 << 20  # below this a forked worker cannot even hold what it inherited
+MAX_SIZE = 1 << 60  # within the kernel's rlim_t; far beyond any VM
+
+
+def _coerce_size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(value)
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).removesuffix("iB")]
+
+
+def _format_size(size: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return str(size)
+
+
 STR = ValueType("a string", _exact(str), lambda v: json.dumps(v))
 BOOL = ValueType("true or false", _exact(bool), lambda v: "true" if v else "false")
 INT = ValueType("an integer", _exact(int), str)
@@ -84,6 +108,11 @@ DURATION = ValueType(
     f"a duration ({DURATION_HELP})", parse_duration, lambda v: json.dumps(format_duration(v))
 )
 MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
+SIZE = ValueType(SIZE_HELP, _coerce_size, lambda v: json.dumps(_format_size(v)))
+MEMORY = Check(
+    'a size of at least 64M, in bytes or like "512M" or "2GiB" (K, M, G, T: powers of 1024)',
+    lambda v: MIN_MEMORY <= v <= MAX_SIZE,
+)
 POSITIVE = Check(f"a duration > 0 ({DURATION_HELP})", lambda v: v > 0)
 DSN = Check('a "postgresql://" URL or a "key=value" connection string', _is_dsn)
 MODULE_NAMES = Check(
@@ -158,6 +187,11 @@ SETTINGS: tuple[Setting, ...] = (
             "whose lease is not renewed is killed this long before the lease lapses."),
     Setting("worker", "poll_interval", DURATION, 1.0, POSITIVE,
             "How often an idle worker looks for work when no notification arrives."),
+    Setting("worker", "max_memory", SIZE, None, MEMORY,
+            "Most memory each worker process may allocate (its RLIMIT_DATA: heap and private "
+            "mappings, what it inherited from the supervisor included); a handler past it gets "
+            "MemoryError. Each process a handler starts gets the same limit of its own. Unset: "
+            "no limit. Bound the whole service with systemd's MemoryMax."),
     Setting("scanner", "enabled", BOOL, True, None,
             "Run a scanner beside the workers. Any number of scanners are safe together."),
     Setting("scanner", "interval", DURATION, 1.0, POSITIVE, "Pause between scans."),
@@ -223,6 +257,7 @@ class WorkerConfig:
     lease_ttl: float = _default("worker", "lease_ttl")
     heartbeat_interval: float = _default("worker", "heartbeat_interval")
     poll_interval: float = _default("worker", "poll_interval")
+    max_memory: int | None = _default("worker", "max_memory")
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,7 +442,11 @@ _EXAMPLE_HEADER = f"""\
 
 
 # What the example shows, commented out, for the settings that are unset by default.
-_EXAMPLES = {"url": EXAMPLE_DATABASE_URL, "embedded_dir": "/var/lib/cyclone/pgdata"}
+_EXAMPLES = {
+    "url": EXAMPLE_DATABASE_URL,
+    "embedded_dir": "/var/lib/cyclone/pgdata",
+    "max_memory": "2G",
+}
 
 
 def _comment(text: str) -> list[str]:

@@ -82,7 +82,7 @@ def check_dsn(dsn: str, *, syntax: bool = True) -> None:
     before trying to connect: another database's URL, bad syntax (unless `syntax` is false),
     a value out of range."""
     from cyclone.errors import ConfigError
-    from cyclone.redact import redact_dsn
+    from cyclone.redact import redact_error
 
     scheme = _URL_SCHEME.match(dsn)
     if scheme and scheme.group(1).lower() not in ("postgresql", "postgres"):
@@ -95,10 +95,11 @@ def check_dsn(dsn: str, *, syntax: bool = True) -> None:
     except psycopg.ProgrammingError as exc:
         if not syntax:
             return
-        first = " ".join(str(exc).split())
-        if params_password := _password_in(dsn):
-            first = first.replace(params_password, "***")
-        raise ConfigError(f"not a usable database URL: {redact_dsn(first)}") from None
+        hint = _PERCENT_HINT if "percent-encoded" in str(exc) else ""
+        text = redact_error(str(exc), dsn)
+        raise ConfigError(f"not a usable database URL: {text}{hint}") from None
+    if syntax:
+        _check_misread(params, url=scheme is not None)
     for key, allowed in _CHOICES.items():
         value = params.get(key)
         if value is not None and value not in allowed:
@@ -109,9 +110,32 @@ def check_dsn(dsn: str, *, syntax: bool = True) -> None:
             )
 
 
-def _password_in(dsn: str) -> str | None:
-    match = re.search(r"://[^:/?#@]*:([^@]*)@", dsn)
-    return match.group(1) if match and match.group(1) else None
+_PERCENT_HINT = ': a "%" in a URL starts an escape; write a "%" in the password as %25'
+_PORTS = re.compile(r"[0-9]*(,[0-9]*)*", re.ASCII)
+
+
+def _check_misread(params: dict[str, Any], *, url: bool) -> None:
+    """Refuse a DSN that libpq reads differently than its author meant: a raw "@" or "/" in a
+    URL's password moves part of it into the host, port or database name, where every failed
+    connection would quote it back. No value is shown: it may be part of the password."""
+    from cyclone.errors import ConfigError
+
+    escape = ' (in a URL, write "@" in the password as %40 and "/" as %2F)' if url else ""
+    if not _PORTS.fullmatch(str(params.get("port") or "")):
+        raise ConfigError(f"port: not a number{escape}")
+    if url and "@" in str(params.get("host") or "") + str(params.get("dbname") or ""):
+        raise ConfigError(f'the host or database name holds an "@"{escape}')
+
+
+def unreachable(exc: psycopg.Error) -> bool:
+    """Whether `exc` says the database could not be reached or went away (no connection, a
+    broken one, a server shutting down), rather than that it refused a statement. By SQLSTATE:
+    psycopg's classes do not say it (SerializationFailure is an OperationalError, and not a
+    TransactionRollback)."""
+    state = exc.sqlstate or ""
+    if not state:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith(("08", "57P"))
 
 
 def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connection[dict[str, Any]]:

@@ -10,6 +10,8 @@ from typing import Any
 
 from rich.cells import cell_len
 
+from cyclone.sanitize import plain_text, printable, printable_lines
+
 
 def table(
     title: str | None,
@@ -21,9 +23,8 @@ def table(
     """A borderless rich table. Only the `wrap` columns fold long cells: measuring wrappable
     cells is most of rich's rendering time."""
     from rich import box
-    from rich.table import Table
 
-    t = Table(
+    t = _plain_table()(
         title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False
     )
     for name in columns:
@@ -33,14 +34,31 @@ def table(
     return t
 
 
+def _plain_table() -> type:
+    from rich.table import Table
+
+    class PlainTable(Table):
+        """A table whose string cells are plain text: names and errors come from users, and a
+        workflow named "markup[/oops]" must show as such, not crash rich's markup parser (or
+        restyle the screen), nor an escape sequence in an error reach the terminal."""
+
+        def add_row(self, *renderables: Any, **kwargs: Any) -> None:
+            # One line each: these tables hold names, ids and spans, never an error's lines.
+            cells = [plain_text(r, lines=False) if isinstance(r, str) else r for r in renderables]
+            super().add_row(*cells, **kwargs)
+
+    return PlainTable
+
+
 def cell(value: Any) -> str:
+    """A value as shown: control characters escaped (line breaks kept: a traceback's)."""
     if value is None:
         return "-"
     if isinstance(value, datetime):
         return when(value)
     if isinstance(value, Enum):
-        return str(value.value)
-    return str(value)
+        return printable_lines(value.value)
+    return printable_lines(value)
 
 
 def when(value: datetime | None) -> str:
@@ -75,12 +93,22 @@ def seconds(value: float | None) -> str:
 class Column:
     """A listing's column. `drop` > 0 marks one an operator can spare (timestamps, spans): when
     the table is too wide those go first, highest `drop` first. `first_line` shows only the
-    first line of a multi-line value in a table; a record shows the whole value."""
+    first line of a multi-line value in a table; a record shows the whole value.
+
+    Only such columns (`first_line`, or `lines` where a record shows the whole value) keep a
+    value's line breaks: in any other (a workflow or node name) a newline is shown as `\\n`,
+    so a name cannot forge a row of its own."""
 
     name: str
     drop: int = 0
     first_line: bool = False
     hide_empty: bool = False  # left out when no row has a value: a column of dashes says nothing
+    lines: bool = False
+
+    def show(self, text: str) -> str:
+        """`text` as this column shows it: control characters escaped, line breaks kept only
+        in a column of multi-line values."""
+        return printable_lines(text) if self.first_line or self.lines else printable(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +131,10 @@ def print_listing(out: Any, columns: Sequence[Column], rows: Sequence[Sequence[A
     lines longer than the terminal left for it to wrap rather than cut.
     """
     empty = {i for i, c in enumerate(columns) if c.hide_empty and all(r[i] is None for r in rows)}
-    columns = [c for i, c in enumerate(columns) if i not in empty]
-    texts = [[cell(v) for i, v in enumerate(row) if i not in empty] for row in rows]
+    every, columns = columns, [c for i, c in enumerate(columns) if i not in empty]
+    texts = [
+        [every[i].show(cell(v)) for i, v in enumerate(row) if i not in empty] for row in rows
+    ]
     shown = list(range(len(columns)))
     widths = [_width(c.name, (r[i] for r in texts), c.first_line) for i, c in enumerate(columns)]
     spare = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop)
@@ -130,7 +160,8 @@ def records(
         if numbered:
             out.append(f"-[ {n} ]".ljust(pad + 20, "-") + "\n", "dim")
         for column, value in zip(columns, row, strict=True):
-            lines = value.splitlines() or [""]
+            # Escaped here too: not every caller's values came through cell().
+            lines = column.show(value).splitlines() or [""]
             out.append(column.name.ljust(pad), "bold")
             out.append(lines[0] + "\n")
             for line in lines[1:]:

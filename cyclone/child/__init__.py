@@ -7,6 +7,9 @@ process.py     a child's set-up after the fork (init_process), its signal self-p
 proctitle.py   process titles
 lease.py       lease_trust: how long a lease is acted on, by the keeper and the arbiter alike
 session.py     connect_briefly: a connection with a statement_timeout, checked once a process
+reaper.py      child subreapers: what a step started (daemons too) ends with it
+limits.py      a worker's own limits after the fork ([worker] max_memory)
+environ.py     a worker's environment without the database's secrets, before handlers run
 
 Imports run one way: cyclone.supervisor -> cyclone.worker, cyclone.scanner -> cyclone.child ->
 the engine and the core modules (tests/unit/test_import_direction.py holds them to it).

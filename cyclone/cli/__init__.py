@@ -28,6 +28,7 @@ from cyclone.cli.common import (
     message,
     redact,
 )
+from cyclone.db import unreachable
 from cyclone.engine.dlq import RetryRefused
 from cyclone.errors import ConfigError, RunNotFound, StepNotFound, WorkflowNotFound
 
@@ -40,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_argument_group("database")
     where.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help="a TOML config")
-    where.add_argument("--dsn", metavar="URL", default=argparse.SUPPRESS, help="a PostgreSQL URL")
+    where.add_argument(
+        "--dsn", metavar="URL", default=argparse.SUPPRESS,
+        help="a PostgreSQL URL; other users see it in ps: prefer CYCLONE_DATABASE_URL",
+    )  # fmt: skip
     listing = argparse.ArgumentParser(add_help=False)
     listing.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
@@ -119,9 +123,7 @@ def _database_error(session: Session, exc: psycopg.Error) -> int:
             f"cyclone: no Cyclone tables in this database or schema ({text}): run `cyclone migrate`"
         )
         return USAGE
-    if isinstance(exc, psycopg.OperationalError) and not isinstance(
-        exc, pg_errors.TransactionRollbackError
-    ):
+    if unreachable(exc):
         message(f"cyclone: lost the database connection: {text}")
         return UNREACHABLE
     message(f"cyclone: database error: {text}")

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from cyclone.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config
@@ -38,7 +37,8 @@ from cyclone.db import (
 from cyclone.display import Shown
 from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
-from cyclone.redact import redact_dsn
+from cyclone.redact import redact_dsn, redact_error
+from cyclone.sanitize import printable
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -66,7 +66,8 @@ def message(text: str) -> None:
     """One line for the operator on stderr. Every message carries the `cyclone:` prefix, once,
     so a script's log tells them from its own and from the data on stdout."""
     text = text if text.startswith(PREFIX) else PREFIX + text
-    print(text, file=sys.stderr, flush=True)
+    # One line, whatever a name or an error it quotes holds (control characters escaped).
+    print(printable(text), file=sys.stderr, flush=True)
 
 
 # --- the database session -------------------------------------------------------------------
@@ -130,7 +131,9 @@ class Session:
         try:
             check_dsn(dsn)
         except ConfigError as exc:
-            raise CliError(USAGE, f"{origin}: {redact(dsn, str(exc))}") from None
+            # check_dsn's messages quote nothing of the password already: redacting them
+            # again would hide their own words (a password "p" in "password").
+            raise CliError(USAGE, f"{origin}: {exc}") from None
         return dsn
 
     @property
@@ -187,14 +190,7 @@ class Session:
 
 def redact(dsn: str, text: str) -> str:
     """`text` with the DSN's password removed, however the server or libpq quoted it."""
-    text = " ".join(redact_dsn(text).split())
-    try:
-        password = conninfo_to_dict(dsn).get("password")
-    except psycopg.ProgrammingError:
-        password = None
-    if password:
-        text = text.replace(str(password), "***")
-    return text
+    return redact_error(text, dsn)
 
 
 # --- argument types -------------------------------------------------------------------------
@@ -309,7 +305,8 @@ def console() -> Any:
     from rich.console import Console
 
     width = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160
-    return Console(file=sys.stdout, highlight=False, width=width)
+    # No markup: every string printed is data (names, errors), never a style to obey.
+    return Console(file=sys.stdout, highlight=False, markup=False, width=width)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -340,6 +337,14 @@ def note_hidden(shown: Shown) -> None:
         print(textwrap.fill(text, shown.width, subsequent_indent="  "), file=sys.stderr, flush=True)
 
 
+# What json.dumps leaves raw with ensure_ascii=False though a terminal would obey it: DEL,
+# the C1 controls (\x9b starts an escape sequence on some terminals), the Unicode line
+# separators and the bidi overrides. Written as \uXXXX they are the same JSON.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
 def emit_json(value: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(value), indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(to_jsonable(value), indent=2, ensure_ascii=False)
+    text = _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()

@@ -23,6 +23,7 @@ from cyclone.cli.common import (
 from cyclone.display import Column, print_listing, when
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.models import ExhaustedQuery
+from cyclone.sanitize import printable
 from cyclone.states import ErrorKind
 
 
@@ -120,12 +121,14 @@ def attempts(session: Session, args: argparse.Namespace) -> int:
         emit_json(history)
         return OK
     # One record per attempt, the error on its own lines: never cut, at any width.
-    print(f"step {step.id} ({step.workflow}/{step.label}) {step.state}, attempt {step.attempt}")
+    # Names, workers and errors are data: their control characters are escaped (printable).
+    print(printable(f"step {step.id} ({step.workflow}/{step.label}) {step.state}, "
+                    f"attempt {step.attempt}"))  # fmt: skip
     for a in history:
         worker = f"  on {a.worker}" if a.worker else ""
-        print(f"attempt {a.attempt}  {a.error_kind}  {when(a.ended_at)}{worker}")
+        print(printable(f"attempt {a.attempt}  {a.error_kind}  {when(a.ended_at)}{worker}"))
         for line in (a.error or "").splitlines() or [""]:
-            print(f"    {line}")
+            print(f"    {printable(line)}")
     if not history:
         message(f"step {step.id} has no failed attempt")
     return OK

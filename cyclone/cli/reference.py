@@ -34,7 +34,12 @@ cyclone [--config FILE | --dsn URL] COMMAND [ARGS] [--json]
 **Which database.** `--dsn URL`, else the config file's `database.url` (given with `--config`;
 `CYCLONE_DATABASE_URL` overrides it, as for the supervisor), else `CYCLONE_DATABASE_URL`, else
 the embedded server (which only `migrate` and `embedded start` start). `--config` and `--dsn`
-may also follow the command. Passwords are never printed.
+may also follow the command. Passwords are never printed. But a command line is not private:
+every local user sees `--dsn postgresql://user:PASSWORD@...` in `ps` and `/proc/PID/cmdline`
+while the command runs. Give a password through the environment instead
+(`CYCLONE_DATABASE_URL`, or libpq's `PGPASSWORD` or `~/.pgpass` with a URL that has none), or
+a config file only you can read. A URL libpq would read differently than meant (a bad `%`
+escape, a raw `@` or `/` in the password: write `%25`, `%40`, `%2F`) is refused with exit 2.
 
 **Output.** Data goes to stdout: rich tables (no ANSI codes when stdout is not a terminal;
 `NO_COLOR` honoured), or with `--json` on any listing, one JSON document with ISO-8601 UTC

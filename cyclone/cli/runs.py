@@ -28,6 +28,7 @@ from cyclone.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
 from cyclone.errors import PayloadTooLarge, RunNotFound
 from cyclone.models import RunStatus, node_label
+from cyclone.sanitize import printable, printable_lines
 from cyclone.sql import QUERIES
 from cyclone.states import RunState, StepState
 
@@ -186,7 +187,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
     # One record, field per line: a long input or error must not squeeze the field names.
     console().print(
         records(
-            [Column(name) for name in fields],
+            [Column(name, lines=name == "error") for name in fields],
             [[when(getattr(st, n)) if n.endswith("_at") else _short(v) for n, v in fields.items()]],
             numbered=False,
         ),
@@ -278,8 +279,9 @@ def _error_details(out: Any, rows: list[dict[str, Any]]) -> None:
         if "\n" not in error:
             continue
         label = node_label(r["node"], r["item_index"])
-        text = Text(f"\nstep {r['id']} {label} ({r['state']}, attempt {r['attempt']}):\n", "bold")
-        text.append(error)
+        heading = f"step {r['id']} {label} ({r['state']}, attempt {r['attempt']}):"
+        text = Text("\n" + printable(heading) + "\n", "bold")
+        text.append(printable_lines(error))
         out.print(text, soft_wrap=True)
 
 

@@ -17,7 +17,8 @@ from rich.text import Text
 
 from cyclone.display import seconds, when
 from cyclone.models import node_label
-from cyclone.status.snapshot import Snapshot
+from cyclone.sanitize import printable
+from cyclone.status.snapshot import Snapshot, for_display
 
 # Listed before the workers: at most this many lines each for lost supervisors, deadline
 # failures and paused runs; the rest is counted on one line.
@@ -33,6 +34,7 @@ def render_compact(
 ) -> Group:
     """The snapshot in at most `height` lines (all of it when `height` is None); a worker's
     run id is added to its line where it fits whole in `width`."""
+    snap, problem = for_display(snap), printable(problem) if problem else problem
     lines = [_title(snap)]
     if problem:
         lines.append(Text(problem, style="bold red"))

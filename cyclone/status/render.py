@@ -11,8 +11,9 @@ from rich.text import Text
 
 from cyclone.display import seconds, table, when
 from cyclone.models import node_label
+from cyclone.sanitize import printable
 from cyclone.status.compact import render_compact
-from cyclone.status.snapshot import Snapshot
+from cyclone.status.snapshot import Snapshot, for_display
 
 
 def render(
@@ -27,6 +28,7 @@ def render(
     The tables when they fit `width` columns and `height` lines (None: no bound), else the
     compact layout, a line per thing, which fits 80x24.
     """
+    snap, problem = for_display(snap), printable(problem) if problem else problem
     parts: list[Any] = [_header(snap)]
     if problem:
         parts.append(Text(problem, style="bold red"))
@@ -48,7 +50,7 @@ def _fits(parts: list[Any], width: int | None, height: int | None) -> bool:
         return True
     from rich.measure import Measurement
 
-    measuring = Console(file=io.StringIO(), width=100_000)
+    measuring = Console(file=io.StringIO(), width=100_000, markup=False)
     return all(Measurement.get(measuring, measuring.options, p).maximum <= width for p in parts)
 
 

@@ -6,12 +6,13 @@ disagree. Every query is bounded (LIMIT) and index-backed (see sql/status.sql).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 import psycopg
 
+from cyclone.sanitize import printable
 from cyclone.sql import QUERIES
 
 # JSON consumers check this before reading; bump it when a key changes meaning or goes away.
@@ -106,3 +107,25 @@ def take_snapshot(
         paused_total=paused[0]["total"] if paused else 0,
         unserved=got.get("status_unserved", []),
     )
+
+
+def for_display(snap: Snapshot) -> Snapshot:
+    """The snapshot with every text one printable line (workflow and node names, hosts and
+    errors come from users: a newline or an escape sequence must not reach the screen). The
+    JSON output keeps the values as they are."""
+    return replace(
+        snap, supervisors=_clean(snap.supervisors), workers=_clean(snap.workers),
+        queue=_clean(snap.queue), dlq=_clean(snap.dlq),
+        deadline_failures=_clean(snap.deadline_failures), paused=_clean(snap.paused),
+        unserved=_clean(snap.unserved),
+    )  # fmt: skip
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value

@@ -11,6 +11,7 @@ outcomes.py    one log line per step outcome
 metrics.py     the Prometheus registry, fed by the children's pipes, served from the loop
 gauges.py      the gauges read from the database at scrape time (DLQ depth, active runs)
 presence.py    the supervisor's and its workers' rows, for `cyclone status` on any host
+labels.py      workflow and node label values of the metrics, capped (the rest: "other")
 
 The pipe protocol, process titles and a child's set-up live in cyclone.child, which the
 workers and the scanner import too.

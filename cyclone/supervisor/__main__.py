@@ -13,11 +13,13 @@ from typing import Any
 
 import psycopg
 
-from cyclone.config import Settings, load_config
-from cyclone.db import connect, resolve_dsn, use_prepared_statements
+from cyclone.config import ENV_DATABASE_URL, Settings, load_config
+from cyclone.db import check_dsn, connect, resolve_dsn, unreachable, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import ConfigError, CycloneError
 from cyclone.migrate import latest_version, migrate
+from cyclone.redact import redact_error
+from cyclone.sanitize import SafeRecords, printable
 from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
 from cyclone.workflow import Registry, load_modules
@@ -26,6 +28,9 @@ log = logging.getLogger("cyclone.supervisor")
 
 EXIT_USAGE = 2
 EXIT_DATABASE = 3
+# SQLSTATEs that a restart may not meet again: a transaction rolled back (class 40: a
+# serialization failure, a deadlock), a statement or lock timeout.
+TRANSIENT = ("40", "57014", "55P03")
 
 
 class JsonFormatter(logging.Formatter):
@@ -41,8 +46,9 @@ class JsonFormatter(logging.Formatter):
         }
         if hasattr(record, "action"):
             data["action"] = record.action
-        if record.exc_info:
-            data["exc"] = self.formatException(record.exc_info)
+        if record.exc_text or record.exc_info:
+            # SafeRecords leaves a cleaned exc_text: never format the exception again.
+            data["exc"] = record.exc_text or self.formatException(record.exc_info)
         return json.dumps(data)
 
 
@@ -54,6 +60,9 @@ def setup_logging(settings: Settings) -> None:
         handler.setFormatter(
             logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
         )
+    # Every line the supervisor, its children and the handlers they run log: one line each,
+    # control characters escaped, the database password removed (a handler's log included).
+    handler.addFilter(SafeRecords(settings.database.url))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.logging.level.upper())
@@ -152,29 +161,59 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_url(settings: Settings, config_path: str | None) -> None:
+    """A URL libpq would misread fails here, in one line without the password, rather than
+    in a traceback at the first connection (and again at every restart systemd makes)."""
+    url = settings.database.url
+    if url is None:
+        return
+    try:
+        check_dsn(url)
+    except ConfigError as exc:
+        origin = ENV_DATABASE_URL if os.environ.get(ENV_DATABASE_URL) else config_path
+        raise ConfigError(f"{origin}: [database] url: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_config(args.config)
+        check_url(settings, args.config)
     except CycloneError as exc:
-        print(f"cyclone-supervisor: {exc}", file=sys.stderr)
+        print(f"cyclone-supervisor: {printable(exc)}", file=sys.stderr)
         return EXIT_USAGE
     setup_logging(settings)
     try:
-        registry = import_workflows(settings, args.config)
-        dsn = prepare(settings, registry)
+        return supervise(settings, args.config)
     except CycloneError as exc:
-        print(f"cyclone-supervisor: {exc}", file=sys.stderr)
+        print(f"cyclone-supervisor: {printable(exc)}", file=sys.stderr)
         return EXIT_USAGE
-    except psycopg.OperationalError as exc:
-        # libpq's messages name the host, never the password.
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"cyclone-supervisor: database unreachable: {first}", file=sys.stderr)
-        return EXIT_DATABASE
+    except psycopg.Error as exc:
+        return database_error(exc, settings.database.url)
+
+
+def supervise(settings: Settings, config_path: str | None) -> int:
+    registry = import_workflows(settings, config_path)
+    dsn = prepare(settings, registry)
     return Supervisor(
-        settings, dsn=dsn, registry=registry, config_path=args.config,
+        settings, dsn=dsn, registry=registry, config_path=config_path,
         load_workflows=load_workflows,
     ).run()  # fmt: skip
+
+
+def database_error(exc: psycopg.Error, url: str | None) -> int:
+    """One line, never a traceback or the password, and an exit status systemd acts on: an
+    unreachable database may come back (3: restarted), a refusal will not (2: not restarted,
+    RestartPreventExitStatus=2): the role's rights, a read-only server, a missing object."""
+    text = printable(redact_error(str(exc), url)) or type(exc).__name__
+    if unreachable(exc):
+        print(f"cyclone-supervisor: database unreachable: {text}", file=sys.stderr)
+        return EXIT_DATABASE
+    if (exc.sqlstate or "").startswith(TRANSIENT):
+        print(f"cyclone-supervisor: database busy: {text}", file=sys.stderr)
+        return EXIT_DATABASE
+    print(f"cyclone-supervisor: database refused: {type(exc).__name__}: {text}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, RunState
+from cyclone.supervisor.labels import MAX_WORKFLOWS, top
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ class DatabaseGauges(Collector):
         if reading.up:
             due.add_metric([], reading.due)
             oldest.add_metric([], reading.oldest_due_age)
-            for workflow, count in sorted(reading.unserved.items()):
+            # Any client may register a workflow name: the series are capped (labels.py).
+            for workflow, count in top(reading.unserved, MAX_WORKFLOWS):
                 unserved.add_metric([workflow], count)
         yield dlq
         yield runs

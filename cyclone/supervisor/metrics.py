@@ -29,6 +29,7 @@ from cyclone.child.channel import ExitCode, Scanned
 from cyclone.engine.sweeps import SWEEPS
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
 from cyclone.supervisor.gauges import DatabaseGauges
+from cyclone.supervisor.labels import MAX_NODES, MAX_WORKFLOWS, LabelCap, top
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.children: dict[int, WorkerHandle] = {}
         self._labelled: dict[tuple[Any, ...], Any] = {}  # labelled children, see _child
+        # Names come from whoever registered the graph: a bounded number of series each.
+        self.workflow_label = LabelCap(MAX_WORKFLOWS)
+        self.node_label = LabelCap(MAX_NODES)
         r = self.registry
         self.leases = Counter("cyclone_leases", "Steps leased", ["workflow", "node"], registry=r)
         self.steps = Counter(
@@ -95,13 +99,16 @@ class Metrics:
         if duration is not None:
             self._child(self.durations, lease.workflow, lease.node).observe(duration)
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        # `labels()` costs microseconds (validation, a lock); twice a step it added up. The
-        # label values are bounded (workflows and nodes the supervisor loaded), so is this.
-        key = (id(metric), *labels)
+    def _child(self, metric: Any, workflow: str, node: str, *labels: str) -> Any:
+        # `labels()` costs microseconds (validation, a lock); twice a step it added up. This
+        # cache is keyed by the names as reported, so it is bounded only as far as they are.
+        key = (id(metric), workflow, node, *labels)
         child = self._labelled.get(key)
         if child is None:
-            child = self._labelled[key] = metric.labels(*labels)
+            capped = (self.workflow_label(workflow), self.node_label(node))
+            if capped != (workflow, node):
+                return metric.labels(*capped, *labels)  # not cached: that would grow too
+            child = self._labelled[key] = metric.labels(workflow, node, *labels)
         return child
 
     def dispatched(self, leased: int) -> None:
@@ -156,7 +163,8 @@ class _LiveCollector(Collector):
         states.add_metric(["idle"], len(workers) - busy)
         yield states
         active = GaugeMetricFamily("cyclone_leases_active", "Steps running", labels=["workflow"])
-        for workflow, count in sorted(Tally(h.lease.workflow for h in workers if h.lease).items()):
+        running = Tally(h.lease.workflow for h in workers if h.lease)
+        for workflow, count in top(running, MAX_WORKFLOWS):
             active.add_metric([workflow], count)
         yield active
 

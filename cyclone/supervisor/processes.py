@@ -10,15 +10,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
+import logging
 import os
 import signal
 import socket
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from cyclone.child import reaper
 from cyclone.child.channel import ExitCode, leave
 from cyclone.supervisor.children import ExitStatus
+
+log = logging.getLogger(__name__)
 
 # Signals the supervisor handles; a child resets them before it runs any of its own code.
 SUPERVISOR_SIGNALS = (
@@ -29,6 +32,8 @@ SUPERVISOR_SIGNALS = (
     signal.SIGTTIN,
     signal.SIGTTOU,
 )
+# Exits after which a child has no process of its own left (see OsProcessOps.reap).
+CLEAN_EXITS = (ExitCode.OK, ExitCode.RECYCLE)
 # Asks a worker to finish its current step, record it, and exit: drain, resize, reload.
 RETIRE_SIGNAL = signal.SIGUSR1
 # Asks a worker to give up its current step cooperatively (ctx.done is set) before SIGKILL.
@@ -66,6 +71,18 @@ class OsProcessOps:
     def __init__(self) -> None:
         # Descriptors every child must close right after the fork (the supervisor's self-pipe).
         self.private_fds: list[int] = []
+        # The children forked on purpose: any other child is an orphan re-parented to us.
+        self.spawned: set[int] = set()
+        # Children we had before becoming a subreaper; None while we are not one.
+        self.spared: set[int] | None = None
+
+    def adopt_orphans(self) -> bool:
+        """Become a subreaper: what a worker's handler leaves behind when the worker dies
+        comes to us, and `reap` kills it (cyclone/child/reaper.py). False where unsupported."""
+        if not reaper.become_subreaper():
+            return False
+        self.spared = set(reaper.descendants(os.getpid(), reaper.parents(), self.spawned))
+        return True
 
     def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
         # A socket pair, not a pipe: the supervisor answers a worker that asks for its next
@@ -89,6 +106,7 @@ class OsProcessOps:
             raise
         if pid == 0:
             self._child(main, write_fd, [read_fd, *close_fds], old_mask)
+        self.spawned.add(pid)
         gc.unfreeze()  # in the supervisor, cycles must stay collectable: it forks for years
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(write_fd)
@@ -111,7 +129,9 @@ class OsProcessOps:
                     os.close(fd)
             code = main(write_fd)
         except BaseException:
-            traceback.print_exc()
+            # Through logging, not print_exc: the log's filter escapes what the exception
+            # quotes (a name, a payload) and removes the database password (cyclone/sanitize.py).
+            log.critical("child %d crashed", os.getpid(), exc_info=True)
         finally:
             leave(code)  # a child never returns into the supervisor's code
 
@@ -126,6 +146,7 @@ class OsProcessOps:
 
     def reap(self) -> list[tuple[int, ExitStatus]]:
         found = []
+        orphans = False
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -133,7 +154,22 @@ class OsProcessOps:
                 break
             if pid == 0:
                 break
-            found.append((pid, ExitStatus.decode(status)))
+            exit_status = ExitStatus.decode(status)
+            # A child of ours that left cleanly ended its leftovers itself (the worker does,
+            # after each step and before it exits); any other exit may have left orphans.
+            orphans |= pid not in self.spawned or exit_status.code not in CLEAN_EXITS
+            self.spawned.discard(pid)
+            found.append((pid, exit_status))
+        if orphans and self.spared is not None:
+            # A dead worker's orphans (a handler's daemon) are ours now, and so are the
+            # orphans of a stray killed last time. None may outlive its step. One read of
+            # /proc (about 20 us a process on the host), only after such an exit.
+            strays = reaper.kill_strays(self.spawned | self.spared)
+            if strays:
+                log.warning(
+                    "killed %d process(es) left behind by a worker: %s", len(strays),
+                    ", ".join(map(str, sorted(strays))), extra={"action": "kill"},
+                )  # fmt: skip
         return found
 
     def read(self, fd: int) -> bytes | None:

@@ -96,6 +96,7 @@ class ChildBuilder:
             poll_interval=self.settings.worker.poll_interval,
             max_steps=self.settings.supervisor.max_steps_per_worker,
             dispatch=dispatching(self.settings),
+            max_memory=self.settings.worker.max_memory,
         )
         return Worker(options, self.registry, parent=os.getpid()).run
 
@@ -163,6 +164,7 @@ class Supervisor:
             return EXIT_CONFIG
         ops = OsProcessOps()
         ops.private_fds = self.install_signals()
+        ops.adopt_orphans()  # a handler's daemon dies with its worker (child/reaper.py)
         store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,

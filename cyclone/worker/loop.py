@@ -9,13 +9,13 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
 
 from cyclone import engine, runner
-from cyclone.child import channel
+from cyclone.child import channel, environ, limits, reaper
 from cyclone.child.channel import Channel, ExitCode
 from cyclone.child.process import (
     CONNECT_TIMEOUT,
@@ -46,6 +46,7 @@ class WorkerOptions:
     max_steps: int  # 0: never recycle
     # Ask the supervisor for each step, and have it record finished tasks (dispatch.py).
     dispatch: bool = False
+    max_memory: int | None = None  # bytes: RLIMIT_DATA, set after the fork (child/limits.py)
 
 
 # Told to lease on its own (the supervisor's session failed), a worker does so this long
@@ -85,6 +86,11 @@ class Worker:
         self.channel = Channel(fd)
         try:
             init_process(self.parent)
+            # What a handler daemonises stays below us, and ends with its step.
+            reaper.become_subreaper()
+            limits.limit_memory(self.options.max_memory)
+            # Before any handler runs: what it starts must not inherit the password.
+            self.options = replace(self.options, dsn=environ.scrub_environment(self.options.dsn))
             self.wakeup = Wakeup()
             self.install_signals()
             self.name = f"{socket.gethostname()}:{os.getpid()}"
@@ -103,7 +109,11 @@ class Worker:
             )  # fmt: skip
             self.keeper.start()
             self.channel.send(channel.Ready())
-            return self.loop()
+            code = self.loop()
+            # Whatever a handler's thread started since: the supervisor counts on a clean
+            # exit leaving nothing behind (it looks for orphans only after other exits).
+            reaper.end_leftovers()
+            return code
         except ChildExit as exc:
             return exc.code
         except ConnectionError:  # broken pipe or reset: the supervisor is gone
@@ -279,6 +289,8 @@ class Worker:
         try:
             outcome = runner.execute(self.db(), self.registry, lease, done=done, effects=effects)
         finally:
+            # Whatever the handler started ends with its step, before the step is recorded.
+            reaper.end_leftovers()
             renewed_at = self.keeper.release()
             self.wakeup.reclaim()
             self.install_signals()

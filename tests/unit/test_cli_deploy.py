@@ -182,3 +182,8 @@ def test_the_systemd_unit_drains_within_its_stop_timeout():
     assert "cyclone-supervisor --config" in unit["ExecStart"]
 
 
+def test_the_systemd_unit_bounds_the_service_memory():
+    unit = unit_settings()
+    sizes = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    high, top = (int(unit[k][:-1]) * sizes[unit[k][-1]] for k in ("MemoryHigh", "MemoryMax"))
+    assert 0 < high < top
