@@ -61,6 +61,26 @@ def _coerce_modules(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _coerce_queues(value: Any) -> tuple[tuple[str, int | None], ...]:
+    """[supervisor] queues: a list of names (served, no cap) or a table name = cap."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        pairs = [(name, None) for name in value]
+    elif isinstance(value, dict) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value.values()
+    ):
+        pairs = list(value.items())
+    else:
+        raise ValueError(value)
+    return tuple(sorted(pairs))
+
+
+def _good_queues(pairs: tuple[tuple[str, int | None], ...]) -> bool:
+    return bool(pairs) and all(
+        name and name == name.strip() and len(name) <= 100 and (cap is None or cap >= 1)
+        for name, cap in pairs
+    ) and len({name for name, _ in pairs}) == len(pairs)
+
+
 def _is_dsn(url: str) -> bool:
     if URL_SCHEME.match(url):  # any other scheme (mysql://, postgresql+psycopg://) is a mistake
         return url.startswith(("postgresql://", "postgres://"))
@@ -108,6 +128,17 @@ DURATION = ValueType(
     f"a duration ({DURATION_HELP})", parse_duration, lambda v: json.dumps(format_duration(v))
 )
 MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
+QUEUES = ValueType(
+    'a list of queue names, or a table of queue = most workers, like { default = 4, emails = 2 }',
+    _coerce_queues,
+    lambda v: json.dumps({name: cap for name, cap in v} if any(c for _, c in v)
+                         else [name for name, _ in v]),
+)
+QUEUE_NAMES = Check(
+    "queue names of 1 to 100 characters (each once), with caps >= 1, like "
+    "{ default = 4, emails = 2 }",
+    _good_queues,
+)
 SIZE = ValueType(SIZE_HELP, _coerce_size, lambda v: json.dumps(_format_size(v)))
 MEMORY = Check(
     'a size of at least 64M, in bytes or like "512M" or "2GiB" (K, M, G, T: powers of 1024)',
@@ -180,6 +211,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Lease for the idle workers and record the tasks they finished in one statement "
             "for all of them; false: each worker leases and records on its own session. Off "
             "when [database] prepared_statements is false."),
+    Setting("supervisor", "queues", QUEUES, None, QUEUE_NAMES,
+            "The queues this VM serves (a workflow's queue: Workflow(..., queue=...)). A list "
+            "serves those queues; a table also caps how many of its workers each may hold at "
+            "once, like { default = 4, emails = 2 } (a cap needs dispatch). Unset: every queue, "
+            "no cap. Runs of a queue no live VM serves are reported, like unserved workflows."),
     Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
             "A lease not renewed for this long expires, and the scanner reclaims its step."),
     Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,
@@ -250,6 +286,14 @@ class SupervisorConfig:
     shutdown_timeout: float = _default("supervisor", "shutdown_timeout")
     max_steps_per_worker: int = _default("supervisor", "max_steps_per_worker")
     dispatch: bool = _default("supervisor", "dispatch")
+    queues: tuple[tuple[str, int | None], ...] | None = _default("supervisor", "queues")
+
+    def serves(self, queue: str) -> bool:
+        return self.queues is None or any(name == queue for name, _ in self.queues)
+
+    def caps(self) -> dict[str, int]:
+        """The queues with a cap on the workers they may hold, and their caps."""
+        return {name: cap for name, cap in self.queues or () if cap is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,6 +416,16 @@ def _check_document(origin: str, doc: dict[str, Any]) -> dict[str, dict[str, Any
 
 
 def _check_together(origin: str, settings: Settings) -> None:
+    # Per-queue caps are kept by the supervisor as it leases for its workers (dispatch);
+    # workers leasing on their own could not keep them.
+    if settings.supervisor.caps() and not (
+        settings.supervisor.dispatch and settings.database.prepared_statements
+    ):
+        raise _fail(
+            origin,
+            "[supervisor] queues: per-queue caps need [supervisor] dispatch = true (and "
+            "[database] prepared_statements = true); list the queues without caps instead",
+        )
     # A worker whose lease was not renewed is killed heartbeat_interval before the lease can
     # lapse (cyclone.child.lease.lease_trust), so the lease is acted on for
     # lease_ttl - heartbeat_interval. One missed heartbeat must not cost a healthy step that:
@@ -461,7 +515,9 @@ def render_example() -> str:
         for i, setting in enumerate(_BY_SECTION[section].values()):
             lines += [""] if i else []
             lines += _comment(setting.doc)
-            if setting.default is None:
+            if setting.key == "queues":
+                lines.append("# queues = { default = 4, emails = 2 }")
+            elif setting.default is None:
                 lines.append(f'# {setting.key} = "{_EXAMPLES[setting.key]}"')
             else:
                 lines.append(f"{setting.key} = {setting.type.render(setting.default)}")

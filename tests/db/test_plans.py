@@ -358,6 +358,10 @@ def test_statement_cost_does_not_follow_the_backlog(backlog: Backlog, name: str,
         bound += params["cap"] // 10 + 5 * PAUSED  # it counts the queue too, as status_queue
     if name in LEASES and backlog.state == "analyzed_history":
         bound += HISTORY_PREFIX
+    if name in COUNTS and backlog.state == "analyzed_history":
+        # The 20,000 entries the history's runs left in cyclone_runs_live_idx when one UPDATE
+        # ended them, each a heap visit until a scan marks it dead: the first count walks them.
+        bound += 300
     assert result.buffers <= bound, _explain_failure(backlog, name, mode, result)
     assert result.sorted_rows() <= 500, _explain_failure(backlog, name, mode, result)
     # The counts of live runs read each once. The queue counts' walk to their cap is inside
