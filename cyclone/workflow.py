@@ -539,6 +539,12 @@ class Registry(Mapping[str, Workflow]):
     def __contains__(self, name: object) -> bool:
         return name in self._by_name
 
+    def only(self, keep: Callable[[Workflow], bool]) -> Registry:
+        """The workflows `keep` keeps, without adding their children."""
+        out = Registry()
+        out._by_name = {name: wf for name, wf in self._by_name.items() if keep(wf)}
+        return out
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_name)
 

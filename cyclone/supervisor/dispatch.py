@@ -29,7 +29,7 @@ import select
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -242,9 +242,15 @@ class Dispatcher:
         unwatch: Callable[[int], None] | None = None,
         sessions: int = SESSIONS,
         observe: Callable[[int], None] | None = None,
+        caps: Callable[[], Mapping[str, int]] | None = None,
+        queue_of: Callable[[str], str] | None = None,
     ) -> None:
         self.dsn = dsn
         self.workflows = workflows
+        # [supervisor] queues' caps: at most so many of this VM's workers hold a step of each
+        # capped queue (`capped`); a workflow's queue.
+        self.caps = caps or (lambda: {})
+        self.queue_of = queue_of or (lambda workflow: "default")
         self.lease_ttl = lease_ttl
         self.watch = watch or (lambda fd: None)
         self.unwatch = unwatch or (lambda fd: None)
@@ -399,10 +405,14 @@ class Dispatcher:
             h for h, w in batch
             if w.lease and arbiter.may_lease(h, w.finished["step_id"] if w.finished else None)
         ]  # fmt: skip
-        ahead = self.ahead(arbiter, leasing)
+        workflows, room = self.capped(arbiter, batch)
+        if room is not None:
+            # Answered with no step, the others ask again at their next poll.
+            leasing = leasing[:room]
+        ahead = self.ahead(arbiter, leasing) if room is None else []
         params = dispatch_params(
             finished, [f"{self.host}:{h.pid}" for h in leasing] + ahead,
-            workflows=tuple(self.workflows()), lease_ttl=self.lease_ttl,
+            workflows=workflows, lease_ttl=self.lease_ttl,
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()
@@ -411,6 +421,27 @@ class Dispatcher:
             session.send(params)
         except psycopg.Error as exc:
             self.failed(session, exc, arbiter)
+
+    def capped(self, arbiter: Handles, batch: Batch) -> tuple[tuple[str, ...], int | None]:
+        """The workflows this statement may lease, and at most how many leases it may take
+        (None: as many as asked), under the queues' caps: a capped queue's workers hold a
+        step each (less those finishing in `batch`), and every lease a statement in flight
+        may take counts against every capped queue, whichever it turns out to be."""
+        served = tuple(self.workflows())
+        caps = self.caps()
+        if not caps:
+            return served, None
+        finishing = {id(h) for h, w in batch if w.finished}
+        held = Counter(
+            self.queue_of(h.lease.workflow) for h in arbiter.children.values()
+            if h.lease is not None and id(h) not in finishing
+        )  # fmt: skip
+        held.update(self.queue_of(r.row["workflow"]) for r in self.ready)
+        flying = sum(len(s.leasing) + len(s.ahead) for s in self.sessions if s.batch is not None)
+        spare = {queue: cap - held[queue] - flying for queue, cap in caps.items()}
+        allowed = tuple(w for w in served if spare.get(self.queue_of(w), 1) > 0)
+        rooms = {spare[self.queue_of(w)] for w in allowed if self.queue_of(w) in spare}
+        return allowed, (min(rooms) if rooms else None)
 
     def free_session(self) -> Session | None:
         for session in self.sessions:

@@ -19,6 +19,7 @@ import psycopg
 
 from cyclone.config import Settings
 from cyclone.sql import QUERIES
+from cyclone.workflow import Registry
 
 log = logging.getLogger("cyclone.supervisor")
 
@@ -26,6 +27,20 @@ log = logging.getLogger("cyclone.supervisor")
 LOST_AFTER = 10.0
 # A warning names at most this many workflows.
 MAX_NAMED = 10
+
+def serving(loaded: Registry, settings: Settings) -> Registry:
+    """The workflows this VM's workers lease for: those of the queues it serves ([supervisor]
+    queues; unset: every queue). Runs of the others are left to the VMs that serve them, and
+    reported when none does."""
+    return loaded.only(lambda wf: settings.supervisor.serves(wf.queue))
+
+
+def leasing_alone(served: Registry, settings: Settings) -> tuple[str, ...]:
+    """What a worker leases when it leases on its own (told to by a failing dispatcher): the
+    workflows of uncapped queues only, since only the supervisor can keep a queue's cap."""
+    caps = settings.supervisor.caps()
+    return tuple(name for name, wf in served.items() if wf.queue not in caps)
+
 
 RELOAD_APPLIES = (
     "reload applies: [supervisor] workers, kill_grace, shutdown_timeout, max_steps_per_worker; "

@@ -32,7 +32,14 @@ from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.processes import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
-from cyclone.supervisor.served import RELOAD_APPLIES, RELOAD_KEEPS, describe_reload, warn_unserved
+from cyclone.supervisor.served import (
+    RELOAD_APPLIES,
+    RELOAD_KEEPS,
+    describe_reload,
+    leasing_alone,
+    serving,
+    warn_unserved,
+)
 from cyclone.supervisor.store import DatabaseStore, Listener
 from cyclone.worker import Worker, WorkerOptions
 from cyclone.workflow import Registry
@@ -97,6 +104,7 @@ class ChildBuilder:
             max_steps=self.settings.supervisor.max_steps_per_worker,
             dispatch=dispatching(self.settings),
             max_memory=self.settings.worker.max_memory,
+            own_workflows=leasing_alone(self.registry, self.settings),
         )
         return Worker(options, self.registry, parent=os.getpid()).run
 
@@ -122,7 +130,8 @@ class Supervisor:
     ) -> None:
         self.settings = settings
         self.dsn = dsn
-        self.registry = registry
+        self.loaded = registry  # every workflow imported; `registry`: those of served queues
+        self.registry = serving(registry, settings)
         self.config_path = config_path
         self.load_workflows = load_workflows
         self.pending_signals: list[int] = []
@@ -141,7 +150,11 @@ class Supervisor:
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
             unwatch=self.unwatch, observe=self.metrics.dispatched,
+            caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
         )  # fmt: skip
+
+    def queue_of(self, workflow: str) -> str:
+        return self.loaded[workflow].queue if workflow in self.loaded else "default"
 
     # --- the selector, as the arbiter's Watcher ----------------------------------------------
 
@@ -352,9 +365,10 @@ class Supervisor:
             # New modules are imported (and registered) here, before any fork; modules
             # already imported keep their code until a restart.
             try:
-                self.registry = self.load_workflows(settings)
+                self.loaded = self.load_workflows(settings)
             except (ImportError, psycopg.Error) as exc:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
+        self.registry = serving(self.loaded, settings)
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
         log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")

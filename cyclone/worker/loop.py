@@ -47,6 +47,9 @@ class WorkerOptions:
     # Ask the supervisor for each step, and have it record finished tasks (dispatch.py).
     dispatch: bool = False
     max_memory: int | None = None  # bytes: RLIMIT_DATA, set after the fork (child/limits.py)
+    # What it leases on its own (None: every workflow of its registry): the supervisor keeps
+    # the queues' caps, so their workflows are leased only through it.
+    own_workflows: tuple[str, ...] | None = None
 
 
 # Told to lease on its own (the supervisor's session failed), a worker does so this long
@@ -74,7 +77,10 @@ class Worker:
         # database starts no earlier.
         self.lease_sent = 0.0
         self.name = ""
-        self.workflows = tuple(registry)  # the names this worker leases for, on every lease
+        # The names this worker leases for itself, on every lease it takes on its own.
+        self.workflows = (
+            tuple(registry) if options.own_workflows is None else options.own_workflows
+        )
         self.own_until = 0.0  # leasing on its own until then, though dispatch is on
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.

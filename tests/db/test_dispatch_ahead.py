@@ -14,6 +14,7 @@ import pytest
 
 import cyclone
 from cyclone.child import channel
+from cyclone.engine import steps as engine_steps
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.supervisor import dispatch as dispatch_module
 from cyclone.supervisor.children import held_lease
@@ -67,10 +68,11 @@ class Arbiter:
 
 
 class Harness:
-    def __init__(self, env: TestEnv, workers: int) -> None:
+    def __init__(self, env: TestEnv, workers: int, **options: Any) -> None:
         self.env = env
         self.arbiter = Arbiter()
-        self.dispatcher = Dispatcher(env.dsn, workflows=lambda: (quick.name,), lease_ttl=30.0)
+        options.setdefault("workflows", lambda: (quick.name,))
+        self.dispatcher = Dispatcher(env.dsn, lease_ttl=30.0, **options)
         self.dispatcher.duration = 0.0  # the steps are short: it leases ahead
         self._keep: list[socket.socket] = []
         for pid in range(1, workers + 1):
@@ -283,3 +285,62 @@ def test_the_loop_wakes_for_the_linger_the_pause_or_an_answer_never_a_time_past(
         s.batch = None
     harness.settle()
     assert harness.arbiter.later == [(first.lease["id"], "completed")]
+
+
+mails = cyclone.Workflow("dispatch-mails", queue="emails")
+
+
+@mails.task()
+def mail(ctx):
+    return None
+
+
+def test_a_capped_queue_holds_at_most_its_cap_of_the_vms_workers(
+    env: TestEnv, monkeypatch: pytest.MonkeyPatch
+):
+    """[supervisor] queues = { default = 4, emails = 1 }: however many workers ask at once,
+    one holds an emails step; the others take the default queue's. A statement that may take
+    a capped queue's step takes no lease ahead (which no cap could count)."""
+    # Every statement looks from the start: where a session's lease starts is not under test.
+    monkeypatch.setattr(engine_steps, "FULL_SCAN_EVERY", 0.0)
+    env.register(quick, mails)
+    env.client.submit_many(mails, [None] * 6)
+    env.client.submit_many(quick, [None] * 6)
+    h = Harness(
+        env, 4, workflows=lambda: (quick.name, mails.name), caps=lambda: {"emails": 1},
+        queue_of=lambda wf: "emails" if wf == mails.name else "default",
+    )  # fmt: skip
+    try:
+        _cap_rounds(h)
+    finally:
+        h.close()
+
+
+def _cap_rounds(h: Harness) -> None:
+    h.dispatcher.duration = 0.0
+    held: dict[int, str] = {}
+    for _ in range(3):  # a few rounds: the cap holds across statements
+        for pid in h.arbiter.children:
+            if pid not in held:
+                h.want(pid)
+        for pid in list(h.arbiter.children):
+            if pid in held:
+                continue
+            given = h.answer(pid)
+            if given.lease is not None:
+                held[pid] = given.lease["workflow"]
+        ahead = [r.row["workflow"] for r in h.dispatcher.ready]
+        assert list(held.values()).count(mails.name) + ahead.count(mails.name) <= 1, held
+    assert list(held.values()).count(mails.name) == 1
+    # The mail's worker finishes, and asks again until the queue's slot is given again
+    # (leases taken ahead for the default queue go first).
+    [pid] = [p for p, wf in held.items() if wf == mails.name]
+    for _ in range(8):
+        h.arbiter.children[pid].lease = None
+        h.want(pid)
+        given = h.answer(pid)
+        if given.lease is not None and given.lease["workflow"] == mails.name:
+            break
+    else:
+        raise AssertionError("the emails queue's slot was never given again")
+    h.settle()

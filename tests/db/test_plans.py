@@ -23,8 +23,8 @@ import cyclone
 from cyclone import engine
 from cyclone.db import connect, text_array
 from cyclone.engine.advance import node_rows
-from cyclone.engine.runs import submit_params
 from cyclone.engine.dispatch import Finished, dispatch_params
+from cyclone.engine.runs import submit_params
 from cyclone.engine.steps import FLOOR_KEYS, Lease
 from cyclone.sql import QUERIES
 from cyclone.testing import TestEnv
@@ -287,7 +287,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "run_submit": lambda b: submit_params(
         keyed.name, keyed.graph.hash, ["00000000-0000-0000-0000-0000000000aa"], ['{"k":"hot"}'],
         [keyed.graph.nodes["keyed_step"]], ckeys=["hot"], climit=1,
-    ),  # fmt: skip
+    ),
     "run_admit": lambda b: {"run_id": b.queued, "now": None},
     # Each pass admits the held steps of the limited node: one node, its slot taken.
     "sweep_held_steps": lambda b: {"batch_size": 500, "now": None},
