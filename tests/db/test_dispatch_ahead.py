@@ -332,6 +332,7 @@ def _cap_rounds(h: Harness) -> None:
         ahead = [r.row["workflow"] for r in h.dispatcher.ready]
         assert list(held.values()).count(mails.name) + ahead.count(mails.name) <= 1, held
     assert list(held.values()).count(mails.name) == 1
+    assert len(held) == 4  # the capped queue's spare does not hold back the default queue
     # The mail's worker finishes, and asks again until the queue's slot is given again
     # (leases taken ahead for the default queue go first).
     [pid] = [p for p, wf in held.items() if wf == mails.name]
