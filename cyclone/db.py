@@ -135,29 +135,62 @@ def with_options(dsn: str, options: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
+# How deep arrays and objects may nest in a payload (input, signal, output, map item). Python's
+# json module, and so every process that reads a payload back (the supervisor's dispatcher,
+# a worker's lease), decodes by recursion: an input nested ~990 deep raised RecursionError in
+# the supervisor's loop at every restart. Well below that, and above any sane document.
+MAX_JSON_DEPTH = 100
+
+
 def check_json(value: Any, what: str = "value") -> None:
-    """Raise TypeError naming the first part of `value` that is not plain JSON."""
-    if value is None or isinstance(value, bool | int | str):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{what}: {value!r} is not JSON (no NaN or infinity)")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            check_json(item, f"{what}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{what}: key {key!r} is not a string, so this is not JSON")
-            check_json(item, f"{what}[{key!r}]")
-        return
-    raise TypeError(f"{what}: {type(value).__name__} is not JSON")
+    """Raise TypeError naming the first part of `value` that is not plain JSON, or
+    PayloadTooDeep when arrays and objects nest deeper than MAX_JSON_DEPTH. Without recursion,
+    so that no depth can make the check itself fail."""
+    from cyclone.errors import PayloadTooDeep
+
+    # (value, depth of its container, parent entry, key in the parent): the path to a part is
+    # spelled out only when it is wrong.
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 0, None, None)]
+    while stack:
+        entry = stack.pop()
+        item, depth = entry[0], entry[1]
+        if item is None or isinstance(item, bool | int | str):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise TypeError(f"{_path(what, entry)}: {item!r} is not JSON (no NaN or infinity)")
+            continue
+        if isinstance(item, list | tuple | dict) and depth >= MAX_JSON_DEPTH:
+            raise PayloadTooDeep(
+                f"{what}: arrays and objects nested more than {MAX_JSON_DEPTH} levels deep "
+                f"(the limit is {MAX_JSON_DEPTH})"
+            )
+        if isinstance(item, list | tuple):
+            stack.extend((v, depth + 1, entry, i) for i, v in reversed(list(enumerate(item))))
+            continue
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"{_path(what, entry)}: key {key!r} is not a string, so this is not JSON"
+                    )
+            stack.extend((v, depth + 1, entry, k) for k, v in reversed(list(item.items())))
+            continue
+        raise TypeError(f"{_path(what, entry)}: {type(item).__name__} is not JSON")
+
+
+def _path(what: str, entry: tuple[Any, int, Any, Any]) -> str:
+    """`what[0]['key']...`: where the part of check_json's stack entry sits in the value."""
+    keys = []
+    while entry[2] is not None:
+        keys.append(f"[{entry[3]!r}]" if isinstance(entry[3], str) else f"[{entry[3]}]")
+        entry = entry[2]
+    return what + "".join(reversed(keys))
 
 
 def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES) -> str:
-    """JSON text for a jsonb parameter; TypeError if not JSON, PayloadTooLarge if too big."""
+    """JSON text for a jsonb parameter; TypeError if not JSON, PayloadTooLarge if too big (or
+    PayloadTooDeep, nested too deep)."""
     from cyclone.errors import PayloadTooLarge
 
     check_json(value, what)
