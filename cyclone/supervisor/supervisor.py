@@ -53,7 +53,7 @@ METRICS_STATEMENT_TIMEOUT_MS = 1000
 # A presence upsert touches a handful of rows; it must never hold the loop long.
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
-_WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+_WAKEUP, _LISTENER, _CHILD = "wakeup", "listener", "child"
 _DISPATCH = "dispatch"
 # The exit status of a start-up that a setting makes impossible (as for a bad config file):
 # systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
@@ -231,8 +231,6 @@ class Supervisor:
             elif key.data == _LISTENER:
                 self.read_listener()
                 tick = True
-            elif key.data == _METRICS and self.metrics_server is not None:
-                self.metrics_server.handle()
             elif key.data == _DISPATCH:
                 self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
             else:
@@ -302,7 +300,6 @@ class Supervisor:
                 f"{exc.strerror or exc}: choose another [metrics] port (0 picks a free one) "
                 "or bind, or set [metrics] enabled = false"
             ) from None
-        self.selector.register(self.metrics_server.fileno(), selectors.EVENT_READ, _METRICS)
 
     # --- notifications ------------------------------------------------------------------------
 
