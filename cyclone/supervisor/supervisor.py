@@ -1,9 +1,12 @@
 """The supervisor's loop: one thread, one wait point, signal handlers that only record.
 
 The wait point is a selector on the self-pipe that `signal.set_wakeup_fd` feeds, on every
-child's pipe, on the LISTEN connection and on the metrics socket. After each wake-up the loop
-hands the recorded signals, pipe data and notifications to the arbiter and lets it tick. There
-are no threads in this process: it forks, and a fork copies only the thread that calls it.
+child's pipe and on the LISTEN connection. After each wake-up the loop hands the recorded
+signals, pipe data and notifications to the arbiter and lets it tick. The loop is the only
+thread that changes anything: the others serve `/metrics` (metrics.py), since a client there
+must never hold up a kill. A fork copies only the thread that calls it, so those threads touch
+nothing a child uses (the registry, their sockets, the gauges' session; logging's locks are
+made anew in a child, and they log only at debug level).
 """
 
 from __future__ import annotations
