@@ -7,8 +7,8 @@ from typing import Any
 
 from psycopg import sql
 
-from cyclone.cli.common import OK, USAGE, CliError, Session, emit_json, message, role_arg
-from cyclone.migrate import latest_version, migrate
+from cyclone.cli.common import OK, REFUSED, USAGE, CliError, Session, emit_json, message, role_arg
+from cyclone.migrate import MigrationLocked, latest_version, migrate
 from cyclone.sql import QUERIES
 
 # The roles' default names in the printed GRANTs.
@@ -40,7 +40,10 @@ def run_migrate(session: Session, args: argparse.Namespace) -> int:
     if args.print_grants:
         print(grants(session, args), end="")
         return OK
-    applied = migrate(session.connect())
+    try:
+        applied = migrate(session.connect())
+    except MigrationLocked as exc:
+        raise CliError(REFUSED, str(exc)) from None
     version = latest_version()
     if args.json:
         emit_json({"applied": applied, "version": version})

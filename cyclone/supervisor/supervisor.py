@@ -222,6 +222,9 @@ class Supervisor:
         linger = self.dispatcher.next_at()
         if linger is not None:
             wake = min(wake, linger)
+        kept = self.listener.wake_at()  # a notification kept back by the debounce
+        if kept is not None:
+            wake = min(wake, kept)
         if self.coalesce_until > now:
             time.sleep(min(self.coalesce_until, wake) - now)
             now = time.monotonic()
@@ -232,8 +235,7 @@ class Supervisor:
                 self.presence.mark_changed()  # most likely SIGCHLD: a child came or went
                 tick = True
             elif key.data == _LISTENER:
-                self.read_listener()
-                tick = True
+                tick = self.read_listener() or tick
             elif key.data == _DISPATCH:
                 self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
             else:
@@ -242,6 +244,9 @@ class Supervisor:
                 if not dispatching(self.settings):
                     # Workers that lease for themselves only report: their lines may wait.
                     self.coalesce_until = time.monotonic() + COALESCE
+        if self.listener.due():
+            self.arbiter.on_notify()
+            tick = True
         # Workers that wait for their next step wait for this: answered before anything else.
         self.dispatcher.flush(self.arbiter)
         signals, self.pending_signals = self.pending_signals, []
@@ -327,15 +332,19 @@ class Supervisor:
                 self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 
-    def read_listener(self) -> None:
+    def read_listener(self) -> bool:
+        """Whether the tick has work: a revocation check due, or notifications lost."""
         try:
             if self.listener.drain():
                 self.arbiter.on_notify()
+                return True
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost: %s", exc)
             self.unwatch(self.listener.fileno())
             self.listener.close()
             self.arbiter.set_notifications(False)
+            return True
+        return False  # nothing, or a notification the debounce keeps for later
 
     # --- reload -------------------------------------------------------------------------------
 
