@@ -453,10 +453,14 @@ class Dispatcher:
         taken, ahead = session.taken, session.ahead
         session.batch, session.leasing, session.taken, session.ahead = None, [], [], []
         try:
-            result = Dispatched.parse(text)
-        except (ValueError, RecursionError, KeyError, TypeError) as exc:
-            # A row the client's checks never saw (an input nested too deep for json, written
-            # by SQL or an old client): this batch fails as a failed statement does, and the
+            try:
+                result = Dispatched.parse(text)
+            except RecursionError:
+                # A row the client's checks never saw (an input nested too deep for json,
+                # written by SQL or an old client): read flat, that row's lease left out.
+                result = Dispatched.parse_flat(text)
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+            # Unreadable all the same: this batch fails as a failed statement does, and the
             # supervisor goes on. Its leases lapse; the scanner reclaims them.
             session.batch, session.taken, session.ahead = batch, taken, ahead
             self.failed(session, DispatchUnreadable(f"{type(exc).__name__}: {exc}"), arbiter)
