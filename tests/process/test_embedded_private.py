@@ -104,6 +104,9 @@ def test_root_starts_the_embedded_server_only_when_told(short_dir, monkeypatch):
         embedded.ensure_server(parent / "pgdata", announce=lambda text: None)
     assert oct(parent.stat().st_mode & 0o777) == oct(0o700)  # not opened to other users
     assert not (parent / "pgdata" / "PG_VERSION").exists()
+    # The test harness's server says so itself (TestEnv and pytest as root, as in CI).
+    embedded.ensure_test_server(short_dir / "tests" / "pgdata")
+    assert embedded.inspect(short_dir / "tests" / "pgdata").running
     monkeypatch.setenv(embedded.ENV_ALLOW_ROOT, "1")
     embedded.ensure_server(parent / "pgdata", announce=lambda text: None)
     assert embedded.inspect(parent / "pgdata").running
