@@ -3,6 +3,7 @@ an input ~990 deep crash-looped the supervisor, whose json decoder recurses."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -99,7 +100,14 @@ def test_the_check_does_not_recurse_however_deep_and_still_names_the_first_bad_p
         sys.setrecursionlimit(limit)
 
 
-def test_an_answer_too_deep_to_decode_raises_for_the_dispatcher_to_catch():
-    text = '{"completed":[],"leases":[{"worker":1,"input":' + "[" * 5000 + "]" * 5000 + "}]}"
+def test_an_answer_too_deep_to_decode_is_read_flat_without_the_deep_rows_lease():
+    deep = "[" * 5000 + "]" * 5000
+    text = (
+        '{"completed":[7],"leases":[{"worker":1,"id":1,"input":' + deep + "},"
+        '{"worker":2,"id":2,"input":' + json.dumps(nested(MAX_JSON_DEPTH - 2)) + "}]}"
+    )
     with pytest.raises(RecursionError):
         Dispatched.parse(text)
+    found = Dispatched.parse_flat(text)
+    assert found.completed == {7}
+    assert list(found.leases) == [1] and found.leases[1]["id"] == 2  # worker 2's, kept
