@@ -239,8 +239,11 @@ def _ours(pid_file: Path, pid: int) -> bool:
         if pid_file.stat().st_uid not in owners:
             return False
         status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        # Gone (Linux); with no /proc at all (macOS), the file's owner decides.
+        return not os.path.isdir("/proc/self")
     except OSError:
-        return False  # gone, or a pid file that went with it
+        return False
     uids = [line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")]
     return bool(uids) and all(int(uid) in owners for uid in uids[0])
 
