@@ -25,10 +25,13 @@ class MigrationLocked(CycloneError):
 
 
 def migrate(
-    target: str | psycopg.Connection[Any] | None = None, *, lock_timeout: float = LOCK_TIMEOUT
+    target: str | psycopg.Connection[Any] | None = None, *, lock_timeout: float | None = None
 ) -> list[int]:
     """Apply every pending migration to the connection's schema; return the versions applied.
-    MigrationLocked when another session holds the lock longer than `lock_timeout` seconds."""
+    MigrationLocked when another session holds the lock longer than `lock_timeout` seconds
+    (default LOCK_TIMEOUT)."""
+    if lock_timeout is None:
+        lock_timeout = LOCK_TIMEOUT
     if isinstance(target, psycopg.Connection):
         return _migrate(target, lock_timeout)
     with connect(resolve_dsn(target)) as conn:

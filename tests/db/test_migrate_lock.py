@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import sys
 import time
 
 import psycopg
 import pytest
+from cli_support import run_cli
 
 from cyclone.db import with_options
 from cyclone.migrate import MigrationLocked, migrate
@@ -41,3 +43,15 @@ def test_a_pending_migration_waits_for_the_lock_no_longer_than_its_timeout(scrat
     with psycopg.connect(scratch_dsn, autocommit=True) as conn:
         assert migrate(conn, lock_timeout=0.5)  # free now: every migration applied
         assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
+
+
+def test_cyclone_migrate_exits_1_naming_the_lock_it_could_not_take(
+    capsys, scratch_dsn: str, monkeypatch
+):
+    monkeypatch.setattr(sys.modules["cyclone.migrate"], "LOCK_TIMEOUT", 0.3)
+    with psycopg.connect(scratch_dsn, autocommit=True) as holder:
+        holder.execute(HOLD)
+        done = run_cli(capsys, None, "--dsn", scratch_dsn, "migrate")
+    assert (done.code, done.out) == (1, "")
+    assert done.err.startswith("cyclone: another session has held the migration lock")
+    assert done.err.count("\n") == 1
