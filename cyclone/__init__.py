@@ -26,11 +26,12 @@ from cyclone.errors import (
 from cyclone.migrate import migrate
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
-from cyclone.workflow import Node, Registry, Workflow
+from cyclone.workflow import Concurrency, Node, RateLimit, Registry, Workflow
 
 __all__ = [
     "AsyncClient",
     "Client",
+    "Concurrency",
     "ConfigError",
     "CycloneError",
     "ErrorKind",
@@ -41,6 +42,7 @@ __all__ = [
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PermanentError",
+    "RateLimit",
     "Registry",
     "RunCancelled",
     "RunFailed",

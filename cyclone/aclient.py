@@ -126,13 +126,15 @@ class AsyncClient(Calls):
         run_deadline: timedelta | float | None = None,
         key: str | None = None,
         conn: AConn | None = None,
+        priority: int | None = None,
     ) -> str:
         """Start a run; returns its id. With `key`, a second submit returns the first run's id.
 
         With `conn` (a psycopg AsyncConnection), the run is written in that connection's
-        current transaction: it exists only if the caller commits it.
+        current transaction: it exists only if the caller commits it. `priority` (1 to 5, 1
+        leased first) overrides the workflow's.
         """
-        call = self._submit_call(workflow, input, run_deadline, key)
+        call = self._submit_call(workflow, input, run_deadline, key, priority)
         ids, fresh = await self._run(call, conn)
         if fresh is not None and conn is None:
             self._registered.add(fresh)
@@ -144,12 +146,14 @@ class AsyncClient(Calls):
         inputs: Iterable[Any],
         *,
         run_deadline: timedelta | float | None = None,
+        priority: int | None = None,
     ) -> list[str]:
         """Start one run per input in one round trip; returns the run ids in order."""
         inputs = list(inputs)
         if not inputs:
             return []
-        ids, fresh = await self._run(self._submit_many_call(workflow, inputs, run_deadline))
+        call = self._submit_many_call(workflow, inputs, run_deadline, priority)
+        ids, fresh = await self._run(call)
         if fresh is not None:
             self._registered.add(fresh)
         return ids
@@ -169,6 +173,17 @@ class AsyncClient(Calls):
     async def attempts(self, step_id: int) -> list[AttemptInfo]:
         """Every failed, killed or dead-lettered attempt of a step, oldest first."""
         return await self._run(self._attempts_call(step_id))  # type: ignore[no-any-return]
+
+    async def set_rate_limit(
+        self,
+        name: str,
+        *,
+        rate: float,
+        per: timedelta | float = 1.0,
+        burst: float | None = None,
+    ) -> None:
+        """Declare limiter `name` (or change it); see Client.set_rate_limit."""
+        await self._run(self._set_rate_limit_call(name, rate, per, burst))
 
     async def exhausted(self, query: ExhaustedQuery | None = None) -> list[StepInfo]:
         """The DLQ: dead steps, newest first."""

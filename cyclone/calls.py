@@ -35,7 +35,10 @@ from cyclone.errors import RunCancelled, RunFailed, RunNotFound, StepNotFound
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS, RunState
-from cyclone.workflow import Graph, Workflow
+from cyclone.workflow import Graph, Workflow, concurrency_key
+
+# A workflow's concurrency as a submit needs it: how to compute a run's key, and the limit.
+Limit = tuple[str | Callable[[Any], Any], int]
 
 T = TypeVar("T")
 Clock = Callable[[], datetime | None]
@@ -111,6 +114,14 @@ def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
     if math.isnan(secs) or secs > MAX_DEADLINE_SECONDS:
         raise ValueError(f"run_deadline: {run_deadline!r} is not a usable duration (max 100 years)")
     return secs
+
+
+def check_priority(priority: int | None) -> None:
+    """A submit's priority: None (the workflow's) or an integer from 1 (leased first) to 5."""
+    if priority is None:
+        return
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 5:
+        raise ValueError(f"priority: expected an integer from 1 (first) to 5, got {priority!r}")
 
 
 def timeout_seconds(timeout: timedelta | float | int | None) -> float | None:
@@ -205,8 +216,10 @@ class Calls:
         input: Any,
         run_deadline: timedelta | float | None,
         key: str | None,
+        priority: int | None = None,
     ) -> Call[tuple[list[str], str | None]]:
         """Returns ([run id], hash of a graph registered on the way, if any)."""
+        check_priority(priority)
         if key is not None and (not isinstance(key, str) or not key):
             raise ValueError(f"key: expected a non-empty string, got {key!r}")
         if key is not None:
@@ -222,18 +235,27 @@ class Calls:
             check_workflow_name(workflow)
         text = encode_json(input, "input", self.max_payload_bytes)
         deadline = deadline_seconds(run_deadline)
-        return self._insert_runs(workflow, [str(uuid.uuid4())], [text], deadline, key)
+        return self._insert_runs(
+            workflow, [str(uuid.uuid4())], [text], deadline, key, priority, [input]
+        )
 
     def _submit_many_call(
-        self, workflow: Workflow | str, inputs: Iterable[Any], run_deadline: Any
+        self,
+        workflow: Workflow | str,
+        inputs: Iterable[Any],
+        run_deadline: Any,
+        priority: int | None = None,
     ) -> Call[tuple[list[str], str | None]]:
+        check_priority(priority)
         if not isinstance(workflow, Workflow):
             check_workflow_name(workflow)
+        inputs = list(inputs)
         texts = [
             encode_json(inp, f"inputs[{i}]", self.max_payload_bytes) for i, inp in enumerate(inputs)
         ]
         deadline = deadline_seconds(run_deadline)
-        return self._insert_runs(workflow, [str(uuid.uuid4()) for _ in texts], texts, deadline)
+        ids = [str(uuid.uuid4()) for _ in texts]
+        return self._insert_runs(workflow, ids, texts, deadline, None, priority, inputs)
 
     def _insert_runs(
         self,
@@ -242,31 +264,53 @@ class Calls:
         texts: list[str],
         deadline: float,
         key: str | None = None,
+        priority: int | None = None,
+        inputs: list[Any] | None = None,
     ) -> Call[tuple[list[str], str | None]]:
-        graph, fresh = yield from self._graph(workflow)
+        graph, fresh, limit = yield from self._graph(workflow)
+        ckeys = None
+        if limit is not None:
+            ckeys = [concurrency_key(limit[0], inp) for inp in inputs or ()]
         params = submit_params(
             graph.workflow, graph.hash, ids, texts, [graph.nodes[n] for n in graph.roots],
-            deadline=deadline, key=key, now=self._clock(),
+            deadline=deadline, key=key, now=self._clock(), priority=priority, ckeys=ckeys,
+            climit=limit[1] if limit else None,
         )  # fmt: skip
+        if ckeys:
+            # The keys' locks first, in a statement of its own: run_submit's count of active
+            # runs must see every admission that committed before the locks were granted.
+            yield Statement("concurrency_lock", {"workflow": graph.workflow, "ckeys": ckeys})
         inserted = yield Statement("run_submit", params)
         if key is None or inserted:
             return ids, fresh
         row = yield Statement("run_by_key", {"key": key}, "one")  # the key's first run
         return [str(row["id"])], fresh
 
-    def _graph(self, workflow: Workflow | str) -> Call[tuple[Graph, str | None]]:
+    def _graph(self, workflow: Workflow | str) -> Call[tuple[Graph, str | None, Limit | None]]:
+        """The graph to submit, the hash of one registered on the way (if any), and the
+        workflow's concurrency (how to compute a run's key, and the limit)."""
         if not isinstance(workflow, Workflow):
             row = yield Statement("workflow_get", {"workflow": workflow}, "one")
-            return graph_of(workflow, row), None
+            graph = graph_of(workflow, row)
+            if row["concurrency_limit"] is None:
+                return graph, None, None
+            if row["concurrency_field"] is None:
+                raise ValueError(
+                    f"workflow {workflow!r} computes its concurrency key in code: submit it "
+                    "with its Workflow object, not by name"
+                )
+            return graph, None, (row["concurrency_field"], row["concurrency_limit"])
         graph = workflow.graph
+        conc = workflow.concurrency
+        limit = (conc.key, conc.limit) if conc is not None else None
         if self._on_workflow is not None:
             self._on_workflow(workflow)
         if graph.hash in self._registered:
-            return graph, None
+            return graph, None, limit
         for params in registration([workflow]):
             yield Statement("graph_register", params)
             yield Statement("workflow_register", params)
-        return graph, graph.hash
+        return graph, graph.hash, limit
 
     def _get_run_call(self, run_id: str) -> Call[RunStatus]:
         return self._get_run(run_uuid(run_id), run_id)
@@ -320,6 +364,25 @@ class Calls:
         step = yield from check  # StepNotFound for an unknown one
         rows = yield Statement("step_attempts", {"step_id": step.id})
         return [AttemptInfo.from_row(r) for r in rows]
+
+    def _set_rate_limit_call(
+        self, name: str, rate: float, per: timedelta | float, burst: float | None
+    ) -> Call[None]:
+        if not isinstance(name, str) or not name or len(name) > 100:
+            raise ValueError(f"name: expected 1 to 100 characters, got {name!r}")
+        check_text(name, "name")
+        secs = per.total_seconds() if isinstance(per, timedelta) else per
+        for what, value in (("rate", rate), ("per", secs), ("burst", burst)):
+            if value is None and what == "burst":
+                continue
+            if (
+                isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not 0 < value <= 1e9
+            ):  # fmt: skip
+                raise ValueError(f"{what}: expected a positive finite number, got {value!r}")
+        params = {"name": name, "rate": float(rate), "per": float(secs),
+                  "burst": float(burst if burst is not None else max(rate, 1.0))}  # fmt: skip
+        yield Statement("rate_limit_set", params)
 
     def _exhausted_call(self, query: ExhaustedQuery | None) -> Call[list[StepInfo]]:
         q = query or ExhaustedQuery()

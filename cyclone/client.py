@@ -108,13 +108,15 @@ class Client(Calls):
         run_deadline: timedelta | float | None = None,
         key: str | None = None,
         conn: Conn | None = None,
+        priority: int | None = None,
     ) -> str:
         """Start a run; returns its id. With `key`, a second submit returns the first run's id.
 
         With `conn` (a psycopg Connection), the run is written in that connection's current
-        transaction: it exists only if the caller commits it.
+        transaction: it exists only if the caller commits it. `priority` (1 to 5, 1 leased
+        first) overrides the workflow's.
         """
-        call = self._submit_call(workflow, input, run_deadline, key)
+        call = self._submit_call(workflow, input, run_deadline, key, priority)
         ids, fresh = self._run(call, conn)
         self._remember(fresh, conn)
         return ids[0]  # type: ignore[no-any-return]
@@ -125,12 +127,13 @@ class Client(Calls):
         inputs: Iterable[Any],
         *,
         run_deadline: timedelta | float | None = None,
+        priority: int | None = None,
     ) -> list[str]:
         """Start one run per input in one round trip; returns the run ids in order."""
         inputs = list(inputs)
         if not inputs:
             return []
-        ids, fresh = self._run(self._submit_many_call(workflow, inputs, run_deadline))
+        ids, fresh = self._run(self._submit_many_call(workflow, inputs, run_deadline, priority))
         self._remember(fresh, None)
         return ids  # type: ignore[no-any-return]
 
@@ -154,6 +157,19 @@ class Client(Calls):
         """Every failed, killed or dead-lettered attempt of a step, oldest first: the step's
         own `error` holds only the latest, and a DLQ retry clears it."""
         return self._run(self._attempts_call(step_id))  # type: ignore[no-any-return]
+
+    def set_rate_limit(
+        self,
+        name: str,
+        *,
+        rate: float,
+        per: timedelta | float = 1.0,
+        burst: float | None = None,
+    ) -> None:
+        """Declare limiter `name` (or change it): `rate` tokens every `per` (a timedelta or
+        seconds), at most `burst` saved up (default: `rate`). Stored in PostgreSQL, shared by
+        every VM; steps of nodes with `rate_limit=name` take one token per attempt."""
+        self._run(self._set_rate_limit_call(name, rate, per, burst))
 
     def exhausted(self, query: ExhaustedQuery | None = None) -> list[StepInfo]:
         """The DLQ: dead steps, newest first."""
@@ -223,6 +239,9 @@ def submit(
     run_deadline: timedelta | float | None = None,
     key: str | None = None,
     conn: Conn | None = None,
+    priority: int | None = None,
 ) -> str:
     """`cyclone.submit(client, wf, input, run_deadline=...)`: the same as `client.submit`."""
-    return client.submit(workflow, input, run_deadline=run_deadline, key=key, conn=conn)
+    return client.submit(
+        workflow, input, run_deadline=run_deadline, key=key, conn=conn, priority=priority
+    )

@@ -52,8 +52,10 @@ class Outcome:
     retry: bool = True
 
     @classmethod
-    def failed(cls, error: str, *, retry: bool = True) -> Outcome:
-        return cls(ok=False, error=error[:_MAX_ERROR_CHARS], retry=retry)
+    def failed(
+        cls, error: str, *, retry: bool = True, kind: ErrorKind = ErrorKind.ERROR
+    ) -> Outcome:
+        return cls(ok=False, error=error[:_MAX_ERROR_CHARS], retry=retry, kind=kind)
 
 
 def load_results(conn: Conn, lease: Lease) -> dict[str, Any]:
@@ -112,6 +114,13 @@ def execute(
             if not isinstance(value, list | tuple):
                 return Outcome.failed(
                     f"map items must be a list, got {type(value).__name__}", retry=False
+                )
+            cap = node.spec.max_items
+            if cap is not None and len(value) > cap:
+                return Outcome.failed(
+                    f"map {lease.node!r} gave {len(value)} items, more than its max_items "
+                    f"({cap}): raise max_items on the node, or split the work",
+                    retry=False, kind=ErrorKind.TOO_MANY_ITEMS,
                 )
         elif lease.kind == NodeKind.CHILD:
             value = _child_input(node, ctx)

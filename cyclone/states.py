@@ -6,6 +6,7 @@ from enum import StrEnum
 
 
 class RunState(StrEnum):
+    QUEUED = "queued"  # waiting for a concurrency slot of its key (flow control)
     RUNNING = "running"
     PAUSED = "paused"
     COMPLETED = "completed"
@@ -39,6 +40,7 @@ class ErrorKind(StrEnum):
     MAX_WAIT = "max_wait"
     CHILD_FAILED = "child_failed"
     CANCELLED = "cancelled"
+    TOO_MANY_ITEMS = "too_many_items"
 
     @property
     def retried(self) -> bool:

@@ -43,6 +43,24 @@ def seconds(value: Duration | None, what: str) -> float | None:
     return secs
 
 
+_OPTIONAL_KEYS = ("max_items", "concurrency", "rate_limit", "rate_key")
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A node's rate limit: one token of limiter `name` per attempt (`client.set_rate_limit`
+    sets its rate). With `key`, a bucket per value of that field of the run's input."""
+
+    name: str
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 100:
+            raise GraphError(f"RateLimit name: expected 1 to 100 characters, got {self.name!r}")
+        if self.key is not None and (not isinstance(self.key, str) or not self.key):
+            raise GraphError(f"RateLimit key: expected an input field name, got {self.key!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """What the engine needs to know about a node: JSON-safe, no code."""
@@ -56,11 +74,22 @@ class NodeSpec:
     max_wait: float | None = None
     duration: float | None = None
     child: str | None = None
+    # Flow control, each left out of the JSON while unset, so that the graphs (and their
+    # hashes) of workflows that use none are those registered before it: a map's cap on its
+    # items, at most this many steps of the node at once, and the limiter (with the input
+    # field keying its buckets) each attempt takes a token of.
+    max_items: int | None = None
+    concurrency: int | None = None
+    rate_limit: str | None = None
+    rate_key: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {"name": self.name, "kind": str(self.kind), "after": list(self.after)}
         for key in ("max_attempts", "timeout", "signal", "max_wait", "duration", "child"):
             out[key] = getattr(self, key)
+        for key in _OPTIONAL_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
     @classmethod
@@ -75,6 +104,7 @@ class NodeSpec:
             max_wait=data.get("max_wait"),
             duration=data.get("duration"),
             child=data.get("child"),
+            **{key: data.get(key) for key in _OPTIONAL_KEYS},
         )
 
 
@@ -179,13 +209,93 @@ class Node:
         return f"<Node {self.workflow.name}/{self.name} {self.spec.kind}>"
 
 
-class Workflow:
-    """A named graph of nodes. Nodes may only run after nodes defined before them."""
+@dataclass(frozen=True, slots=True)
+class Concurrency:
+    """At most `limit` runs of the workflow with the same key are active at once; the others
+    wait as `queued` and start, oldest first within priority, as active ones end.
 
-    def __init__(self, name: str) -> None:
+    `key` names a field of the run's input, or is a callable(input) -> str | int, computed at
+    submit (a client that submits by name can only use a field name)."""
+
+    key: str | Callable[[Any], Any]
+    limit: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.key, str) and self.key) and not callable(self.key):
+            raise GraphError(
+                f"Concurrency key: expected an input field name or a callable(input), "
+                f"got {self.key!r}"
+            )
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise GraphError(f"Concurrency limit: expected an integer >= 1, got {self.limit!r}")
+
+    @property
+    def field(self) -> str | None:
+        """The input field the key is read from (None: computed by a callable)."""
+        return self.key if isinstance(self.key, str) else None
+
+
+def concurrency_key(key: str | Callable[[Any], Any], input: Any) -> str:
+    """A run's concurrency key from its input; ValueError naming what is missing or wrong."""
+    if isinstance(key, str):
+        if not isinstance(input, dict) or key not in input:
+            raise ValueError(f"concurrency key: the input has no field {key!r}")
+        value = input[key]
+    else:
+        value = key(input)
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ValueError(
+            f"concurrency key: expected a non-empty string or an integer, got {value!r}"
+        )
+    text = str(value)
+    if len(text) > 200:
+        raise ValueError(f"concurrency key: at most 200 characters, got {len(text)}")
+    return text
+
+
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 3
+# A map whose items exceed this fails its step (kind too_many_items) unless the node says more:
+# the items are made in one transaction, and a runaway list must not make millions of steps.
+DEFAULT_MAX_ITEMS = 10_000
+
+
+class Workflow:
+    """A named graph of nodes. Nodes may only run after nodes defined before them.
+
+    `queue` names the queue its runs go to (`[supervisor] queues` says which a VM serves);
+    `priority` (1 leased first, 5 last) is its runs' default, which a submit may override;
+    `concurrency` bounds its active runs per key (`Concurrency`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = DEFAULT_PRIORITY,
+        concurrency: Concurrency | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise GraphError(f"a workflow needs a non-empty name, got {name!r}")
+        if not isinstance(queue, str) or not queue or queue != queue.strip() or len(queue) > 100:
+            raise GraphError(
+                f"workflow {name!r}: queue: expected a name of 1 to 100 characters, got {queue!r}"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 1 <= priority <= 5:
+            raise GraphError(
+                f"workflow {name!r}: priority: expected an integer from 1 (first) to 5, "
+                f"got {priority!r}"
+            )
+        if concurrency is not None and not isinstance(concurrency, Concurrency):
+            raise GraphError(
+                f"workflow {name!r}: concurrency: expected cyclone.Concurrency(key=..., "
+                f"limit=N), got {concurrency!r}"
+            )
         self.name = name
+        self.queue = queue
+        self.priority = priority
+        self.concurrency = concurrency
         self._nodes: dict[str, Node] = {}
         self._graph: Graph | None = None
 
@@ -221,11 +331,17 @@ class Workflow:
         after: Sequence[Node | str] = (),
         timeout: Duration | None = DEFAULT_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        concurrency: int | None = None,
+        rate_limit: str | RateLimit | None = None,
     ) -> Any:
-        """Decorate a handler `fn(ctx) -> JSON` (sync or async) as a task node."""
+        """Decorate a handler `fn(ctx) -> JSON` (sync or async) as a task node.
+
+        `concurrency`: at most this many of its steps at once, all VMs together; `rate_limit`:
+        a limiter's name (or a `RateLimit`), one token per attempt."""
 
         def wrap(f: Callable[..., Any]) -> Node:
             spec = self._spec(name or f.__name__, NodeKind.TASK, after, timeout, max_attempts)
+            spec = self._limits(spec, concurrency, rate_limit)
             return self._add(Node(self, spec, fn=f))
 
         return wrap(fn) if fn is not None else wrap
@@ -239,13 +355,25 @@ class Workflow:
         after: Sequence[Node | str] = (),
         timeout: Duration | None = DEFAULT_TIMEOUT,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        concurrency: int | None = None,
+        rate_limit: str | RateLimit | None = None,
     ) -> Any:
-        """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`)."""
+        """Fan out: `items(ctx)` gives a list; the handler runs once per item (`ctx.item`).
+
+        More than `max_items` items fail the step at once (kind `too_many_items`)."""
         if not callable(items):
             raise GraphError(f"workflow {self.name!r}: map items must be a callable(ctx) -> list")
 
         def wrap(f: Callable[..., Any]) -> Node:
-            spec = self._spec(name or f.__name__, NodeKind.MAP, after, timeout, max_attempts)
+            node_name = name or f.__name__
+            if isinstance(max_items, bool) or not isinstance(max_items, int) or max_items < 1:
+                raise GraphError(
+                    f"{self._what(node_name, 'max_items')}: expected an integer >= 1, "
+                    f"got {max_items!r}"
+                )
+            spec = self._spec(node_name, NodeKind.MAP, after, timeout, max_attempts)
+            spec = self._limits(_replace(spec, max_items=max_items), concurrency, rate_limit)
             return self._add(Node(self, spec, fn=f, items=items))
 
         return wrap(fn) if fn is not None else wrap
@@ -331,6 +459,33 @@ class Workflow:
             after=tuple(deps),
             max_attempts=max_attempts,
             timeout=secs if secs else None,
+        )
+
+    def _limits(
+        self, spec: NodeSpec, concurrency: int | None, rate_limit: str | RateLimit | None
+    ) -> NodeSpec:
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise GraphError(
+                f"{self._what(spec.name, 'concurrency')}: expected an integer >= 1, "
+                f"got {concurrency!r}"
+            )
+        if isinstance(rate_limit, str):
+            try:
+                rate_limit = RateLimit(rate_limit)
+            except GraphError as exc:
+                raise GraphError(f"{self._what(spec.name, 'rate_limit')}: {exc}") from None
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise GraphError(
+                f"{self._what(spec.name, 'rate_limit')}: expected a limiter name or "
+                f"cyclone.RateLimit, got {rate_limit!r}"
+            )
+        return _replace(
+            spec,
+            concurrency=concurrency,
+            rate_limit=rate_limit.name if rate_limit else None,
+            rate_key=rate_limit.key if rate_limit else None,
         )
 
     def _dep_name(self, name: str, dep: Node | str) -> str:

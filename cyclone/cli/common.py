@@ -254,6 +254,12 @@ def limit_arg(value: str) -> int:
     return int(value)
 
 
+def priority_arg(value: str) -> int:
+    if not re.fullmatch(r"[1-5]", value, re.ASCII):
+        raise ArgumentTypeError(f"expected a whole number from 1 (first) to 5: {_show(value)}")
+    return int(value)
+
+
 def json_arg(value: str) -> Any:
     """JSON given inline, as `@FILE` (the file's content) or as `-` (read from stdin). Neither
     form is ambiguous: no JSON text starts with `@` or is a lone `-`."""

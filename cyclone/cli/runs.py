@@ -19,6 +19,7 @@ from cyclone.cli.common import (
     limit_arg,
     message,
     note_hidden,
+    priority_arg,
     run_id_arg,
     text_arg,
     to_jsonable,
@@ -45,6 +46,9 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--deadline", type=duration_arg, help="run deadline, e.g. 30m (0: none)")
     p.add_argument("--key", type=text_arg, help="idempotency key: a repeat returns the first run")
+    p.add_argument(
+        "--priority", type=priority_arg, help="1 (leased first) to 5; default: the workflow's"
+    )
     p.set_defaults(run=submit)
 
     p = sub.add_parser("runs", parents=common, help="list runs, newest first")
@@ -110,7 +114,7 @@ def submit(session: Session, args: argparse.Namespace) -> int:
     inp = None if args.input is _NO_INPUT else args.input
     try:
         run_id = session.client().submit(
-            args.workflow, inp, run_deadline=args.deadline, key=args.key
+            args.workflow, inp, run_deadline=args.deadline, key=args.key, priority=args.priority
         )
     except (TypeError, ValueError, PayloadTooLarge) as exc:
         raise CliError(USAGE, str(exc)) from None

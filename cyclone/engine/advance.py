@@ -38,6 +38,8 @@ def node_rows(specs: Sequence[NodeSpec]) -> dict[str, list[Any]]:
         "timeouts": [s.timeout for s in specs],
         "signals": [s.signal for s in specs],
         "dues": [s.duration if s.kind == NodeKind.SLEEP else s.max_wait for s in specs],
+        "limits": [s.concurrency for s in specs],
+        "rates": [s.rate_limit for s in specs],
     }
 
 

@@ -14,7 +14,7 @@ from cyclone.errors import RunNotFound
 from cyclone.sql import QUERIES
 
 Conn = psycopg.Connection[Any]
-_LIVE = ("running", "paused")
+_LIVE = ("running", "paused", "queued")
 
 
 def _locked(conn: Conn, run_id: str) -> dict[str, Any]:
@@ -67,7 +67,12 @@ def resume_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
     with conn.transaction():
         _locked(conn, run_id)
         row = conn.execute(QUERIES["run_resume"], {"run_id": _uuid(run_id), "now": now})
-        return row.fetchone() is not None
+        resumed = row.fetchone() is not None
+        if resumed:
+            # A run paused while it waited for a slot goes back to the queue: a slot may
+            # have freed meanwhile.
+            conn.execute(QUERIES["run_admit"], {"run_id": _uuid(run_id), "now": now})
+        return resumed
 
 
 def signal_run(

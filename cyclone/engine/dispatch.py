@@ -108,7 +108,9 @@ class Dispatched:
 
     def last(self) -> dict[str, Any] | None:
         """The lease furthest along the candidate index (for the session's _LeaseFloor)."""
-        return max(self.leases.values(), key=lambda r: (r["available_at"], r["id"]), default=None)
+        return max(
+            self.leases.values(), key=lambda r: (r["priority"], r["pass"], r["id"]), default=None
+        )
 
 
 # steps_dispatch with $n placeholders, and the names of its parameters in their order: the
@@ -164,12 +166,7 @@ def dispatch_params(
 
 def floor_params(floor: _LeaseFloor) -> dict[str, str | None]:
     """Where the session's last lease was (see _LeaseFloor), as text."""
-    after = floor.params()
-    at, at_id = after["after_at"], after["after_id"]
-    return {
-        "after_at": at if at is None or isinstance(at, str) else at.isoformat(),
-        "after_id": None if at_id is None else str(at_id),
-    }
+    return {k: None if v is None else str(v) for k, v in floor.params().items()}
 
 
 def dispatch(

@@ -30,7 +30,12 @@ def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
     for wf in seen.values():
         graph = wf.graph
         _BY_HASH[graph.hash] = graph
-        out.append({"hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json())})
+        out.append({
+            "hash": graph.hash, "workflow": wf.name, "graph": json.dumps(graph.to_json()),
+            "queue": wf.queue, "priority": wf.priority,
+            "concurrency_field": wf.concurrency.field if wf.concurrency else None,
+            "concurrency_limit": wf.concurrency.limit if wf.concurrency else None,
+        })  # fmt: skip
     return out
 
 

@@ -48,8 +48,13 @@ def submit_params(
     key: str | None = None,
     parent: tuple[str, int] | None = None,
     now: datetime | None = None,
+    priority: int | None = None,
+    ckeys: list[str | None] | None = None,
+    climit: int | None = None,
 ) -> dict[str, Any]:
-    """The parameters of run_submit (the clients' submits run it too)."""
+    """The parameters of run_submit (the clients' submits run it too). `priority`: None takes
+    the workflow's; `ckeys`: each run's concurrency key (None: no key), counted against
+    `climit` (the caller ran concurrency_lock for them first, in the same transaction)."""
     return {
         "workflow": workflow,
         "hash": graph_hash,
@@ -60,6 +65,9 @@ def submit_params(
         "parent_step_id": parent[1] if parent else None,
         "deadline": deadline or 0.0,
         "now": now,
+        "priority": priority,
+        "ckeys": ckeys,
+        "climit": climit if ckeys else None,
         **node_rows(roots),
     }
 

@@ -39,8 +39,13 @@ BACKOFF_BASE = 1.0
 BACKOFF_CAP = 600.0
 DEFAULT_LEASE_TTL = 30.0
 # How long a connection may lease from after its last lease before it scans the candidate
-# index from the start again, to find steps that became available behind that point.
-FULL_SCAN_EVERY = 1.0
+# index from the start again, to find steps that became available behind that point: in the
+# fair order (priority, pass, id) a run of a group with nothing queued, a chain's next step
+# and a retry whose backoff ended all land behind it, so this bounds how late they start
+# while the queue has a backlog (an idle queue scans from the start at once).
+FULL_SCAN_EVERY = 0.05
+# The parameters naming that point: the candidate index's leading key columns.
+FLOOR_KEYS = ("after_priority", "after_pass", "after_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,19 +110,18 @@ _FLOOR = "_cyclone_lease_floor"
 class _LeaseFloor:
     """Where a connection's last lease was in the candidate index, so the next starts there.
 
-    Leased steps leave their index entries behind at the left edge until VACUUM removes them;
-    a lease scanning from the start walks them all (tens of thousands between autovacuums
-    after a burst). Steps become available at the right edge (their available_at is the
-    database's now or later), so starting after the last lease skips only the dead entries.
-    A step committed behind that point by a transaction older than the last lease would be
-    skipped too: a lease that finds nothing from the point, and any lease once FULL_SCAN_EVERY
-    has passed, scans from the start. Kept on the connection, like its step cursor.
+    Leased steps leave their index entries behind until VACUUM removes them; a lease scanning
+    from the start walks them all (tens of thousands between autovacuums after a burst).
+    Starting after the last lease skips them, and skips too the steps that became available
+    behind that point (see FULL_SCAN_EVERY): a lease that finds nothing from the point, and
+    any lease once FULL_SCAN_EVERY has passed, scans from the start. Kept on the connection,
+    like its step cursor.
     """
 
     __slots__ = ("after", "full_at", "hinted")
 
     def __init__(self) -> None:
-        self.after: tuple[datetime, int] | None = None
+        self.after: tuple[int, int, int] | None = None
         self.full_at = 0.0
         self.hinted = False
 
@@ -135,13 +139,13 @@ class _LeaseFloor:
         if not self.hinted:
             self.full_at = now
         after = self.after if self.hinted else None
-        return {"after_at": after[0] if after else None, "after_id": after[1] if after else None}
+        return dict(zip(FLOOR_KEYS, after or (None, None, None), strict=True))
 
     def taken(self, row: dict[str, Any] | None) -> bool:
         """Record the lease in `row`; True when a scan from the start must follow (a scan
         from the point found nothing)."""
         if row is not None and row.get("id") is not None:
-            self.after = (row["available_at"], row["id"])
+            self.after = (row["priority"], row["pass"], row["id"])
             return False
         retry = self.hinted
         self.after = None
@@ -228,7 +232,7 @@ def complete_step(
     if fast is None:
         return _complete_general(conn, lease, graph, params, now)
     nothing_next = _lease_params(None, None, lease.lease_ttl, now, lease=False)
-    no_floor = {"after_at": None, "after_id": None}
+    no_floor = dict.fromkeys(FLOOR_KEYS)
     return _complete_fast(conn, fast, {**params, **nothing_next, **no_floor})[0]
 
 
@@ -352,6 +356,8 @@ def _next_nodes_json(specs: Sequence[NodeSpec]) -> str:
         "timeouts": "timeout",
         "signals": "signal",
         "dues": "due",
+        "limits": "node_limit",
+        "rates": "rate_limit",
     }
     return json.dumps([{keys[k]: rows[k][i] for k in keys} for i in range(len(specs))])
 

@@ -165,6 +165,39 @@ def sweep_stale_supervisors(
         return len(conn.execute(QUERIES["sweep_stale_supervisors"], params).fetchall())
 
 
+def sweep_queued_deadlines(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Fail queued runs past their deadline (their root steps dead-lettered, kind deadline);
+    returns how many failed. They hold no lease and no slot: nothing else to revoke."""
+    with conn.transaction():
+        row = conn.execute(
+            QUERIES["sweep_queued_deadlines"], {"batch_size": batch_size, "now": now}
+        ).fetchone()
+        return int(row["failed"])
+
+
+def sweep_held_steps(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Admit held steps of limited nodes whose slot or token is free now (tokens refill with
+    time, which no statement announces); returns how many."""
+    with conn.transaction():
+        row = conn.execute(
+            QUERIES["sweep_held_steps"], {"batch_size": batch_size, "now": now}
+        ).fetchone()
+        return int(row["admitted"])
+
+
+def sweep_fair_clock(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Move each queue's fair clock up to the largest pass in service; returns the queues
+    moved. Runs of a group with nothing queued start at that clock (docs/flow-control.md)."""
+    with conn.transaction():
+        return len(conn.execute(QUERIES["sweep_fair_clock"], {}).fetchall())
+
+
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """One entry of `SWEEPS`: everything the scanner and the harness need to run a sweep."""
@@ -197,11 +230,14 @@ class Sweep:
 # (cyclone_scanner_runs_failed_total{reason}, cyclone_lease_expirations_total).
 SWEEPS = (
     Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE),
+    Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE),
     Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True),
     Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT),
     Sweep("sleeps", sweep_sleeps),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
+    Sweep("held_steps", sweep_held_steps),
+    Sweep("fair_clock", sweep_fair_clock),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
 )
 

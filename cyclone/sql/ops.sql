@@ -73,6 +73,8 @@ UNION ALL
 SELECT 'runs', state, count(*)
   FROM cyclone_runs WHERE state IN ('running', 'paused') GROUP BY state
 UNION ALL
+SELECT 'runs', 'queued', count(*) FROM cyclone_runs WHERE state = 'queued'
+UNION ALL
 SELECT 'due', 'steps', due FROM due
 UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due

@@ -7,13 +7,26 @@ VALUES (%(hash)s, %(workflow)s, %(graph)s::jsonb)
 ON CONFLICT (hash) DO NOTHING;
 
 -- name: workflow_register
-INSERT INTO cyclone_workflows (name, graph_hash)
-VALUES (%(workflow)s, %(hash)s)
-ON CONFLICT (name) DO UPDATE SET graph_hash = excluded.graph_hash, updated_at = now()
-WHERE cyclone_workflows.graph_hash <> excluded.graph_hash;
+-- The workflow's current graph, queue and default priority; its queue gets its row.
+WITH queue AS (
+    INSERT INTO cyclone_queues (name) VALUES (%(queue)s) ON CONFLICT (name) DO NOTHING
+)
+INSERT INTO cyclone_workflows (name, graph_hash, queue, priority, concurrency_field,
+                               concurrency_limit)
+VALUES (%(workflow)s, %(hash)s, %(queue)s, %(priority)s, %(concurrency_field)s,
+        %(concurrency_limit)s)
+ON CONFLICT (name) DO UPDATE SET graph_hash = excluded.graph_hash, queue = excluded.queue,
+                                 priority = excluded.priority,
+                                 concurrency_field = excluded.concurrency_field,
+                                 concurrency_limit = excluded.concurrency_limit,
+                                 updated_at = now()
+WHERE (cyclone_workflows.graph_hash, cyclone_workflows.queue, cyclone_workflows.priority,
+       cyclone_workflows.concurrency_field, cyclone_workflows.concurrency_limit)
+      IS DISTINCT FROM (excluded.graph_hash, excluded.queue, excluded.priority,
+                        excluded.concurrency_field, excluded.concurrency_limit);
 
 -- name: workflow_get
-SELECT g.hash, g.graph
+SELECT g.hash, g.graph, w.concurrency_field, w.concurrency_limit
   FROM cyclone_workflows w JOIN cyclone_graphs g ON g.hash = w.graph_hash
  WHERE w.name = %(workflow)s;
 
@@ -22,34 +35,85 @@ SELECT hash, graph FROM cyclone_graphs WHERE hash = %(hash)s;
 
 -- name: run_submit
 -- Create runs and their root steps in one statement. An idempotency key that is already taken
--- inserts nothing (and so no steps); run_by_key then finds the run that owns it.
-WITH runs AS (
+-- inserts nothing (and so no steps); run_by_key then finds the run that owns it. Each run takes
+-- its workflow's queue, the priority given (else the workflow's), and its fair pass: the later
+-- of its queue's clock and its group's last pass among live runs, plus its rank in the group
+-- among the runs of this statement (schema.sql, cyclone_runs.pass). The group's last pass is
+-- read, not locked: two submits at once may give the same pass, which only ties the order.
+WITH wf AS (
+    SELECT coalesce((SELECT w.queue FROM cyclone_workflows w
+                      WHERE w.name = %(workflow)s), 'default') AS queue,
+           coalesce(%(priority)s::smallint,
+                    (SELECT w.priority FROM cyclone_workflows w WHERE w.name = %(workflow)s),
+                    3) AS priority
+), clock AS (
+    SELECT wf.queue, wf.priority,
+           coalesce((SELECT q.pass FROM cyclone_queues q WHERE q.name = wf.queue), 0) AS pass
+      FROM wf
+), v AS (
+    SELECT v.id, v.input, v.ckey,
+           row_number() OVER (PARTITION BY coalesce(v.ckey, '') ORDER BY v.n) AS rank
+      FROM unnest(%(ids)s::uuid[], %(inputs)s::text[], %(ckeys)s::text[])
+           WITH ORDINALITY AS v (id, input, ckey, n)
+), groups AS (
+    -- With a concurrency limit, the key's active runs too: the caller holds the key's lock
+    -- (concurrency_lock, a statement before this one), so the count is exact.
+    SELECT g.ckey,
+           (SELECT max(r.pass) FROM cyclone_runs r
+             WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
+               AND r.state IN ('running', 'paused') AND r.pass > 0) AS last,
+           CASE WHEN %(climit)s::integer IS NOT NULL AND g.ckey <> '' THEN
+               (SELECT count(*) FROM cyclone_runs r
+                 WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
+                   AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued)
+           END AS active
+      FROM (SELECT DISTINCT coalesce(v.ckey, '') AS ckey FROM v) AS g
+), runs AS (
     INSERT INTO cyclone_runs (id, workflow, graph_hash, state, input, idempotency_key,
-                              parent_run_id, parent_step_id, created_at, deadline_at)
-    SELECT v.id, %(workflow)s, %(hash)s, 'running', v.input::jsonb, %(key)s,
+                              parent_run_id, parent_step_id, created_at, deadline_at, queue,
+                              priority, pass, concurrency_key, concurrency_limit, queued)
+    SELECT v.id, %(workflow)s, %(hash)s,
+           CASE WHEN v.rank > %(climit)s::integer - groups.active THEN 'queued'
+                ELSE 'running' END,
+           v.input::jsonb, %(key)s,
            %(parent_run_id)s, %(parent_step_id)s, coalesce(%(now)s::timestamptz, now()),
            CASE WHEN %(deadline)s::float8 > 0
                 THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(deadline)s)
-           END
-      FROM unnest(%(ids)s::uuid[], %(inputs)s::text[]) AS v (id, input)
+           END,
+           clock.queue, clock.priority,
+           greatest(clock.pass, groups.last) + v.rank, v.ckey,
+           CASE WHEN v.ckey IS NOT NULL THEN %(climit)s::integer END,
+           coalesce(v.rank > %(climit)s::integer - groups.active, false)
+      FROM v JOIN groups ON groups.ckey = coalesce(v.ckey, ''), clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id, priority, pass, state
 ), roots AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at)
+                               signal, available_at, due_at, created_at, priority, pass,
+                               node_limit, rate_limit)
     SELECT runs.id, %(workflow)s, n.node, n.kind,
            cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()), runs.priority, runs.pass, n.node_limit,
+           n.rate_limit
       FROM runs,
            unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
-                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
-           AS n (node, kind, max_attempts, timeout, signal, due)
+                  %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[],
+                  %(limits)s::int[], %(rates)s::text[])
+           AS n (node, kind, max_attempts, timeout, signal, due, node_limit, rate_limit)
+     WHERE runs.state = 'running'
     RETURNING id
 )
 SELECT id FROM runs;
+
+-- name: concurrency_lock
+-- Before a submit under a concurrency limit: the keys' locks, in one order (no deadlock
+-- between two submits of the same keys).
+SELECT count(cyclone_slot_lock(%(workflow)s, k.ckey))
+  FROM (SELECT DISTINCT ckey FROM unnest(%(ckeys)s::text[]) AS u (ckey)
+         WHERE ckey IS NOT NULL ORDER BY ckey) AS k;
 
 -- name: run_by_key
 SELECT id FROM cyclone_runs WHERE idempotency_key = %(key)s;
@@ -121,9 +185,10 @@ WITH RECURSIVE tree AS (
     SELECT r.id FROM cyclone_runs r JOIN tree t ON r.parent_run_id = t.id
 ), runs AS (
     UPDATE cyclone_runs r
-       SET state = 'cancelled', finished_at = coalesce(%(now)s::timestamptz, now()), paused_at = NULL
+       SET state = 'cancelled', finished_at = coalesce(%(now)s::timestamptz, now()), paused_at = NULL,
+           queued = false
       FROM tree
-     WHERE r.id = tree.id AND r.state IN ('running', 'paused')
+     WHERE r.id = tree.id AND r.state IN ('running', 'paused', 'queued')
  RETURNING r.id, r.parent_run_id, r.parent_step_id
 ), steps AS (
     UPDATE cyclone_steps s
@@ -137,8 +202,9 @@ WITH RECURSIVE tree AS (
 SELECT id, parent_run_id, parent_step_id, (SELECT count(*) FROM steps) AS steps FROM runs;
 
 -- name: run_pause
+-- A queued run may be paused too: it keeps `queued`, and resumes to the queue.
 UPDATE cyclone_runs SET state = 'paused', paused_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(run_id)s AND state = 'running'
+ WHERE id = %(run_id)s AND state IN ('running', 'queued')
 RETURNING id;
 
 -- name: run_resume
@@ -149,7 +215,7 @@ WITH run AS (
       FROM cyclone_runs WHERE id = %(run_id)s AND state = 'paused'
 ), resumed AS (
     UPDATE cyclone_runs r
-       SET state = 'running', paused_at = NULL,
+       SET state = CASE WHEN r.queued THEN 'queued' ELSE 'running' END, paused_at = NULL,
            deadline_at = r.deadline_at + greatest(run.now - run.paused_at, '0'::interval)
       FROM run WHERE r.id = run.id
  RETURNING r.id
@@ -209,3 +275,22 @@ RETURNING payload;
 
 -- name: clock_now
 SELECT now() AS now;
+
+-- name: run_admit
+-- A queued run was resumed: admit what fits under its key's limit (cyclone_admit).
+SELECT cyclone_admit(workflow, concurrency_key, concurrency_limit,
+                     coalesce(%(now)s::timestamptz, now())) AS admitted
+  FROM cyclone_runs
+ WHERE id = %(run_id)s AND state = 'queued';
+
+-- name: rate_limit_set
+-- Declare or change a limiter; its buckets keep their tokens (capped at the new burst).
+WITH lim AS (
+    INSERT INTO cyclone_rate_limits (name, rate, per, burst)
+    VALUES (%(name)s, %(rate)s, %(per)s, %(burst)s)
+    ON CONFLICT (name) DO UPDATE SET rate = excluded.rate, per = excluded.per,
+                                     burst = excluded.burst, updated_at = now()
+    RETURNING name, burst
+)
+UPDATE cyclone_rate_buckets b SET tokens = least(b.tokens, lim.burst)
+  FROM lim WHERE b.name = lim.name;

@@ -22,7 +22,7 @@
 ------------------------------------------------------------------------------------------------
 
 CREATE DOMAIN cyclone_run_state AS text
-    CHECK (VALUE IN ('running', 'paused', 'completed', 'failed', 'cancelled'));
+    CHECK (VALUE IN ('queued', 'running', 'paused', 'completed', 'failed', 'cancelled'));
 CREATE DOMAIN cyclone_step_state AS text
     CHECK (VALUE IN ('available', 'running', 'waiting', 'completed', 'dead', 'discarded'));
 CREATE DOMAIN cyclone_node_kind AS text
@@ -30,7 +30,7 @@ CREATE DOMAIN cyclone_node_kind AS text
 -- Why a step attempt failed or a step was dead-lettered.
 CREATE DOMAIN cyclone_error_kind AS text
     CHECK (VALUE IN ('error', 'timeout', 'crashed', 'lease_expired', 'deadline', 'max_wait',
-                     'child_failed', 'cancelled'));
+                     'child_failed', 'cancelled', 'too_many_items'));
 
 -- What a node kind implies: the state its step starts in (and comes back to when the DLQ
 -- re-drives it), for every statement that makes or remakes steps. Waits and sleeps wait for
@@ -60,7 +60,23 @@ CREATE TABLE cyclone_graphs (
 CREATE TABLE cyclone_workflows (
     name        text PRIMARY KEY,
     graph_hash  text NOT NULL REFERENCES cyclone_graphs (hash),
-    updated_at  timestamptz NOT NULL DEFAULT now()
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    -- Flow control (migration 14): the queue its runs go to, and their default priority.
+    queue       text NOT NULL DEFAULT 'default',
+    priority    smallint NOT NULL DEFAULT 3,
+    -- Runs per key: the input field that gives a run's key (NULL: computed in code, or no
+    -- limit), and how many runs of one key may be active at once (NULL: no limit).
+    concurrency_field text,
+    concurrency_limit integer
+);
+
+-- The queues registered workflows name. `pass` is the queue's fair clock: the largest pass
+-- of its steps in service, kept by the fair_clock sweep; a run submitted to a group with no
+-- live run starts there (see cyclone_runs.pass).
+CREATE TABLE cyclone_queues (
+    name       text PRIMARY KEY,
+    pass       bigint NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now()
 );
 
 ------------------------------------------------------------------------------------------------
@@ -89,7 +105,22 @@ CREATE TABLE cyclone_runs (
     finished_at     timestamptz,
     -- A client waits for this run: its end is notified on channel cyclone_run_ended (the
     -- trigger cyclone_runs_ended below).
-    waited          boolean NOT NULL DEFAULT false
+    waited          boolean NOT NULL DEFAULT false,
+    -- Flow control (migration 14). The workflow's queue and the run's priority (1 is leased
+    -- first), copied to its steps.
+    queue           text NOT NULL DEFAULT 'default',
+    priority        smallint NOT NULL DEFAULT 3,
+    -- Its place in its queue's start-time fair queue: the later of the queue's clock and one
+    -- past the last pass of its group's live runs (a group: the workflow and concurrency key).
+    -- Its steps take this pass (a map's items add their index).
+    pass            bigint NOT NULL DEFAULT 0,
+    -- The key its workflow's concurrency is counted by, computed at submit (NULL: none), and
+    -- the limit it was submitted under (NULL: none).
+    concurrency_key text,
+    concurrency_limit integer,
+    -- Waiting for a slot of its key: state `queued` (or `paused` while it waited). It has no
+    -- steps until cyclone_admit admits it.
+    queued          boolean NOT NULL DEFAULT false
 );
 
 -- Children of a run (cancel and fail go down the tree).
@@ -109,6 +140,18 @@ CREATE UNIQUE INDEX cyclone_runs_idempotency_idx ON cyclone_runs (idempotency_ke
 -- live led the planner to read every live run).
 CREATE INDEX cyclone_runs_live_idx ON cyclone_runs (state, deadline_at)
     WHERE state IN ('running', 'paused');
+-- A group's last pass among its live runs, read at submit. `pass > 0` (every run submitted
+-- since has one) keeps the planner from taking it for a lookup of live runs by id: other
+-- statements' `state IN ('running', 'paused')` does not imply it.
+CREATE INDEX cyclone_runs_fair_idx
+    ON cyclone_runs (workflow, (coalesce(concurrency_key, '')), pass)
+    WHERE state IN ('running', 'paused') AND pass > 0;
+-- Queued runs of a key, in the order they are admitted; and their deadlines, for the sweep.
+CREATE INDEX cyclone_runs_queued_idx
+    ON cyclone_runs (workflow, concurrency_key, priority, created_at, pass, id)
+    WHERE state = 'queued';
+CREATE INDEX cyclone_runs_queued_deadline_idx ON cyclone_runs (deadline_at)
+    WHERE state = 'queued' AND deadline_at IS NOT NULL;
 
 ------------------------------------------------------------------------------------------------
 -- Steps: one row per node instance of a run (a map node has one row per item, and one for the
@@ -156,15 +199,30 @@ CREATE TABLE cyclone_steps (
     completed_at     timestamptz,
     -- When the step's current gate (retry available_at, or due_at) was set: a gate set during
     -- a pause starts counting at resume, so resume gives back only the paused part of a gate.
-    gated_at         timestamptz
+    gated_at         timestamptz,
+    -- Its run's priority and its fair pass (migration 14): the lease order.
+    priority         smallint NOT NULL DEFAULT 3,
+    pass             bigint NOT NULL DEFAULT 0,
+    -- Its node's limits: at most node_limit of its steps available or running at once, and a
+    -- token of limiter rate_limit per attempt; `held` while it waits for them (state
+    -- `waiting`: see cyclone_admit_steps).
+    node_limit       integer,
+    rate_limit       text,
+    held             boolean NOT NULL DEFAULT false
 );
 
 -- One step per node instance: advancing a run twice cannot create a node twice. Its leading
 -- column also serves every lookup of a run's steps.
 CREATE UNIQUE INDEX cyclone_steps_node_idx
     ON cyclone_steps (run_id, node, item_index) NULLS NOT DISTINCT;
--- Lease candidates, in the order they are leased (see cyclone_lease_candidate).
+-- Due steps in the order they became due: the oldest due step and the due count (status,
+-- metrics).
 CREATE INDEX cyclone_steps_available_idx ON cyclone_steps (available_at, id)
+    WHERE state = 'available';
+-- Lease candidates, in the order they are leased (see cyclone_lease_candidate). available_at
+-- is the last key column so that steps not yet due (a retry in its backoff) are passed over
+-- inside the index, without a visit to the table.
+CREATE INDEX cyclone_steps_ready_idx ON cyclone_steps (priority, pass, id, available_at)
     WHERE state = 'available';
 -- Sleep wake-ups and max_wait expiry.
 CREATE INDEX cyclone_steps_due_idx ON cyclone_steps (due_at)
@@ -371,11 +429,275 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
     EXECUTE FUNCTION cyclone_runs_notify_end();
 
 ------------------------------------------------------------------------------------------------
+-- Runs per key: at most `concurrency_limit` runs of a workflow with the same concurrency key
+-- are active (running, or paused after they started); the others wait as `queued`, with no
+-- steps, and are admitted oldest first within priority as active ones end. Every admission
+-- happens under the key's advisory lock (cyclone_slot_lock), taken by a statement before the
+-- one that counts (a submit: concurrency_lock, then run_submit), or inside cyclone_admit,
+-- whose statements each see what committed before the lock was granted: so the count of
+-- active runs is exact and nothing is kept that could drift from the runs themselves.
+------------------------------------------------------------------------------------------------
+
+-- The lock of a workflow's key (a transaction lock: released at commit or rollback).
+CREATE FUNCTION cyclone_slot_lock(workflow text, ckey text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended('cyclone_slot:' || workflow || chr(31) || ckey, 0))
+$$;
+
+-- A graph's root nodes, as the statements that make steps take them (node_rows in Python).
+CREATE FUNCTION cyclone_graph_roots(graph_hash text)
+RETURNS TABLE (node text, kind text, max_attempts integer, timeout float8, signal text,
+               due float8, node_limit integer, rate_limit text)
+LANGUAGE sql STABLE AS $$
+    SELECT n->>'name', n->>'kind', coalesce((n->>'max_attempts')::integer, 1),
+           (n->>'timeout')::float8, n->>'signal',
+           CASE WHEN n->>'kind' = 'sleep' THEN (n->>'duration')::float8
+                ELSE (n->>'max_wait')::float8 END,
+           (n->>'concurrency')::integer, n->>'rate_limit'
+      FROM cyclone_graphs g, jsonb_array_elements(g.graph->'nodes') AS n
+     WHERE g.hash = graph_hash AND jsonb_array_length(coalesce(n->'after', '[]')) = 0
+$$;
+
+-- Admit the queued runs of a key that fit under its limit: each becomes running, takes a fair
+-- pass no earlier than its queue's clock (it waited; it does not jump the line it rejoins),
+-- and gets its root steps. Returns how many were admitted.
+CREATE FUNCTION cyclone_admit(wf text, ckey text, lim integer, at timestamptz)
+RETURNS integer LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    active integer;
+    admitted integer;
+BEGIN
+    PERFORM cyclone_slot_lock(wf, ckey);
+    SELECT count(*) INTO active FROM cyclone_runs r
+     WHERE r.workflow = wf AND coalesce(r.concurrency_key, '') = ckey
+       AND r.state IN ('running', 'paused') AND r.pass > 0 AND NOT r.queued;
+    IF active >= lim THEN
+        RETURN 0;
+    END IF;
+    WITH next AS (
+        SELECT r.id FROM cyclone_runs r
+         WHERE r.workflow = wf AND r.concurrency_key = ckey AND r.state = 'queued'
+         ORDER BY r.priority, r.created_at, r.pass, r.id  -- pass: the order in a submit_many
+         LIMIT lim - active
+           FOR NO KEY UPDATE SKIP LOCKED
+    ), runs AS (
+        UPDATE cyclone_runs r
+           SET state = 'running', queued = false,
+               pass = greatest(r.pass, coalesce((SELECT q.pass + 1 FROM cyclone_queues q
+                                                  WHERE q.name = r.queue), 0))
+          FROM next WHERE r.id = next.id
+        RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
+    ), roots AS (
+        INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                                   signal, available_at, due_at, created_at, priority, pass,
+                                   node_limit, rate_limit)
+        SELECT runs.id, runs.workflow, n.node, n.kind, cyclone_kind_first_state(n.kind),
+               n.max_attempts, make_interval(secs => n.timeout), n.signal, at,
+               at + make_interval(secs => n.due), at, runs.priority, runs.pass,
+               n.node_limit, n.rate_limit
+          FROM runs, cyclone_graph_roots(runs.graph_hash) AS n
+    )
+    SELECT count(*) INTO admitted FROM runs;
+    RETURN admitted;
+END
+$$;
+
+-- A run that held a slot ended: admit what now fits. (A queued run that ends held none.)
+CREATE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
+    FOR EACH ROW
+    WHEN (OLD.state IN ('running', 'paused') AND NOT OLD.queued
+          AND NEW.state IN ('completed', 'failed', 'cancelled')
+          AND NEW.concurrency_limit IS NOT NULL)
+    EXECUTE FUNCTION cyclone_runs_free_slot();
+
+------------------------------------------------------------------------------------------------
+-- Steps of limited nodes: `concurrency=N` on a node (at most N of its steps available or
+-- running at once, across every VM) and `rate_limit` (one token of a bucket per attempt). Such
+-- a step is made `waiting` with `held` set, out of the lease index, so that no lease walks
+-- over it; cyclone_admit_steps makes it available when a slot and a token are free. A token
+-- not yet refilled is given ahead of time: the step becomes available at the moment its token
+-- refills (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next
+-- ones. Admission runs when a step is made, when a limited step stops holding its slot, and in
+-- that sweep; it takes the node's advisory lock without waiting (a transaction that holds it
+-- admits; one that does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED,
+-- so no admission ever waits for another: nothing here can deadlock the statements that fire it.
+------------------------------------------------------------------------------------------------
+
+-- A limiter: `rate` tokens every `per` seconds, at most `burst` saved up (client.set_rate_limit).
+CREATE TABLE cyclone_rate_limits (
+    name       text PRIMARY KEY,
+    rate       float8 NOT NULL,
+    per        float8 NOT NULL,
+    burst      float8 NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- A limiter's buckets: one, or one per key (`RateLimit(name, key=FIELD)`). Tokens below zero
+-- are tokens given ahead of their refill.
+CREATE TABLE cyclone_rate_buckets (
+    name       text NOT NULL,
+    key        text NOT NULL,
+    tokens     float8 NOT NULL,
+    updated_at timestamptz NOT NULL,
+    PRIMARY KEY (name, key)
+);
+
+-- Steps of a limited node that hold a slot (counted), and held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node)
+    WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
+CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
+    WHERE held;
+
+-- The input field a rate-limited node's bucket key is read from (NULL: one bucket).
+CREATE FUNCTION cyclone_node_rate_key(graph_hash text, node text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT n->>'rate_key'
+      FROM cyclone_graphs g, jsonb_array_elements(g.graph->'nodes') AS n
+     WHERE g.hash = graph_hash AND n->>'name' = node
+$$;
+
+CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
+    batch CONSTANT integer := 200;   -- most steps one call admits
+    lim integer;
+    free integer;
+    admitted integer := 0;
+    st record;
+    lim_row cyclone_rate_limits%ROWTYPE;
+    bucket cyclone_rate_buckets%ROWTYPE;
+    bkey text;
+    keyfield text;
+    wait float8;
+    full_keys text[] := '{}';
+BEGIN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
+    THEN
+        RETURN 0;
+    END IF;
+    SELECT s.node_limit INTO lim FROM cyclone_steps s
+     WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
+    free := batch;
+    IF lim IS NOT NULL THEN
+        SELECT lim - count(*) INTO free FROM cyclone_steps s
+         WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
+           AND s.state IN ('available', 'running');
+        free := least(free, batch);
+    END IF;
+    IF free <= 0 THEN
+        RETURN 0;
+    END IF;
+    FOR st IN
+        SELECT s.id, s.rate_limit, s.available_at, s.run_id, r.graph_hash, r.input
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.held AND s.workflow = wf AND s.node = nd
+         ORDER BY s.priority, s.pass, s.id
+         LIMIT batch
+           FOR UPDATE OF s SKIP LOCKED
+    LOOP
+        EXIT WHEN free <= 0;
+        wait := 0;
+        IF st.rate_limit IS NOT NULL THEN
+            keyfield := cyclone_node_rate_key(st.graph_hash, nd);
+            bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
+            CONTINUE WHEN bkey = ANY (full_keys);
+            SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
+            IF NOT FOUND THEN
+                -- An undeclared limiter holds its steps until client.set_rate_limit names it.
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+            VALUES (st.rate_limit, bkey, lim_row.burst, at)
+            ON CONFLICT (name, key) DO NOTHING;
+            SELECT * INTO bucket FROM cyclone_rate_buckets
+             WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            -- Refill, then take one token: now if there is one, else when it refills.
+            bucket.tokens := least(lim_row.burst, bucket.tokens
+                + greatest(extract(epoch FROM at - bucket.updated_at), 0)
+                  * lim_row.rate / lim_row.per);
+            wait := greatest(1 - bucket.tokens, 0) * lim_row.per / lim_row.rate;
+            IF wait > horizon THEN
+                UPDATE cyclone_rate_buckets SET tokens = bucket.tokens, updated_at = at
+                 WHERE name = st.rate_limit AND key = bkey;
+                full_keys := full_keys || bkey;
+                CONTINUE;
+            END IF;
+            UPDATE cyclone_rate_buckets SET tokens = bucket.tokens - 1, updated_at = at
+             WHERE name = st.rate_limit AND key = bkey;
+        END IF;
+        UPDATE cyclone_steps
+           SET state = 'available', held = false,
+               available_at = greatest(st.available_at, at + make_interval(secs => wait))
+         WHERE id = st.id;
+        free := free - 1;
+        admitted := admitted + 1;
+    END LOOP;
+    RETURN admitted;
+END
+$$;
+
+-- A new step of a limited node is held until admitted; so is one made available again other
+-- than by a planned stop giving it back: a retry of a rate-limited step (each attempt takes a
+-- token) and a step re-driven from the DLQ. A step that keeps its slot (a retry of a node
+-- limited by concurrency only) is not.
+CREATE FUNCTION cyclone_steps_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT'
+       OR (OLD.state <> 'running' AND OLD.state <> 'available')
+       OR (OLD.state = 'running' AND NEW.attempt >= OLD.attempt AND NEW.rate_limit IS NOT NULL)
+    THEN
+        NEW.state := 'waiting';
+        NEW.held := true;
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now());
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER cyclone_steps_hold BEFORE INSERT ON cyclone_steps
+    FOR EACH ROW
+    WHEN (NEW.state = 'available' AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
+    EXECUTE FUNCTION cyclone_steps_hold();
+CREATE TRIGGER cyclone_steps_hold_again BEFORE UPDATE OF state ON cyclone_steps
+    FOR EACH ROW
+    WHEN (NEW.state = 'available' AND OLD.state <> 'available' AND NOT OLD.held
+          AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
+    EXECUTE FUNCTION cyclone_steps_hold();
+CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
+    FOR EACH ROW WHEN (NEW.held)
+    EXECUTE FUNCTION cyclone_steps_admit();
+-- A step that held a slot let it go (ended, parked, or held again for a token).
+CREATE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
+    FOR EACH ROW
+    WHEN (OLD.node_limit IS NOT NULL AND OLD.state IN ('available', 'running')
+          AND NEW.state NOT IN ('available', 'running'))
+    EXECUTE FUNCTION cyclone_steps_admit();
+
+------------------------------------------------------------------------------------------------
 -- The lease's candidate scan, and how far behind the workers are
 --
 -- Functions so that the planner settings they carry apply to them alone (a function's SET
 -- lasts for its call: nothing leaks into the session or through a pooler). With no sort, only
--- cyclone_steps_available_idx gives the order; with no hash join, no plan builds a table of
+-- cyclone_steps_ready_idx gives the order; with no hash join, no plan builds a table of
 -- every run. What is left walks the index and looks each candidate's run up by its primary
 -- key, whatever the statistics say (on a table never analyzed, or analyzed while the queue was
 -- empty, the planner otherwise sorted the whole backlog for every lease). A forced generic
@@ -383,33 +705,40 @@ CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
 -- these are set; see bench/README.md for the figures.
 ------------------------------------------------------------------------------------------------
 
--- `after_at, after_id`: where this caller's last lease was in the index (NULL: from the start).
--- Leased steps leave dead entries at the left edge of the index until VACUUM, and a scan from
+-- `after_priority, after_pass, after_id`: where this caller's last lease was in the index
+-- (NULL: from the start). Leased steps leave dead entries behind until VACUUM, and a scan from
 -- the start walks them all; starting after the last lease skips them. A step that becomes
--- available behind that point is found by a scan from the start, which callers make when a
--- lease from their point finds nothing, and at least once a second (cyclone/engine/steps.py).
+-- available behind that point (a run of a group that had nothing queued, a chain's next step,
+-- a retry whose backoff ended) is found by a scan from the start, which callers make when a
+-- lease from their point finds nothing, and every FULL_SCAN_EVERY (cyclone/engine/steps.py).
 -- `go` false returns nothing (a lease that must not look); `other_than` skips one run.
 CREATE FUNCTION cyclone_lease_candidate(
-    go boolean, other_than uuid, at timestamptz, workflows text[], after_at timestamptz,
-    after_id bigint
-) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
-                graph_hash text, parent_run_id uuid)
+    go boolean, other_than uuid, at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 1
 SET enable_sort = off
 SET enable_hashjoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+    SELECT s.id, s.available_at, s.priority, s.pass, r.input, r.deadline_at, r.graph_hash,
+           r.parent_run_id
       FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
+      -- By primary key, always: OFFSET 0 keeps the lookup a subquery of its own, whose one
+      -- condition is the id, so the run's state below cannot lead the planner to walk
+      -- cyclone_runs_live_idx for each step (it did, on statistics of a drained history).
+      JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
+                      FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
      WHERE go AND s.state = 'available'
        AND s.run_id IS DISTINCT FROM other_than
        AND s.available_at <= at
-       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
+       AND (s.priority, s.pass, s.id)
+           > (coalesce(after_priority, 0), coalesce(after_pass, -1), coalesce(after_id, 0))
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
-     ORDER BY s.available_at, s.id
+     ORDER BY s.priority, s.pass, s.id
      LIMIT 1
        FOR UPDATE OF s SKIP LOCKED
 $$;
@@ -417,26 +746,29 @@ $$;
 -- The same, for up to `want` steps at once (the supervisor leasing for its idle workers:
 -- steps_dispatch); `other_than` skips the runs whose steps the same statement completes.
 CREATE FUNCTION cyclone_lease_candidates(
-    want integer, other_than uuid[], at timestamptz, workflows text[], after_at timestamptz,
-    after_id bigint
-) RETURNS TABLE (id bigint, available_at timestamptz, input jsonb, deadline_at timestamptz,
-                graph_hash text, parent_run_id uuid)
+    want integer, other_than uuid[], at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 8
 SET enable_sort = off
 SET enable_hashjoin = off
 SET plan_cache_mode = force_generic_plan
 AS $$
-    SELECT s.id, s.available_at, r.input, r.deadline_at, r.graph_hash, r.parent_run_id
+    SELECT s.id, s.available_at, s.priority, s.pass, r.input, r.deadline_at, r.graph_hash,
+           r.parent_run_id
       FROM cyclone_steps s
-      JOIN cyclone_runs r ON r.id = s.run_id
+      JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
+                      FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
      WHERE want > 0 AND s.state = 'available'
        AND NOT (s.run_id = ANY (coalesce(other_than, '{}')))
        AND s.available_at <= at
-       AND (s.available_at, s.id) > (coalesce(after_at, '-infinity'), coalesce(after_id, 0))
+       AND (s.priority, s.pass, s.id)
+           > (coalesce(after_priority, 0), coalesce(after_pass, -1), coalesce(after_id, 0))
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
-     ORDER BY s.available_at, s.id
+     ORDER BY s.priority, s.pass, s.id
      LIMIT greatest(want, 0)
        FOR UPDATE OF s SKIP LOCKED
 $$;

@@ -82,6 +82,9 @@ SELECT state, count(*) AS runs, false AS recent
   FROM cyclone_runs WHERE state IN ('running', 'paused')
  GROUP BY state
 UNION ALL
+-- Runs waiting for a slot of their key, through the index of queued runs.
+SELECT 'queued', count(*), false FROM cyclone_runs WHERE state = 'queued' HAVING count(*) > 0
+UNION ALL
 SELECT state, count(*), true
   FROM cyclone_runs WHERE finished_at >= now() - make_interval(secs => %(window)s)
  GROUP BY state;

@@ -8,26 +8,34 @@
 
 -- name: step_insert
 -- Make nodes' steps; a node that already has its step is left alone (advancing is idempotent).
+-- They take their run's priority and pass.
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout, signal,
-                           available_at, due_at, created_at)
+                           available_at, due_at, created_at, priority, pass, node_limit,
+                           rate_limit)
 SELECT %(run_id)s, %(workflow)s, n.node, n.kind,
        cyclone_kind_first_state(n.kind),
        n.max_attempts, make_interval(secs => n.timeout), n.signal,
        coalesce(%(now)s::timestamptz, now()),
        coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-       coalesce(%(now)s::timestamptz, now())
-  FROM unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
-              %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[])
-       AS n (node, kind, max_attempts, timeout, signal, due)
+       coalesce(%(now)s::timestamptz, now()), r.priority, r.pass, n.node_limit, n.rate_limit
+  FROM cyclone_runs r, unnest(%(nodes)s::text[], %(kinds)s::text[], %(max_attempts)s::int[],
+              %(timeouts)s::float8[], %(signals)s::text[], %(dues)s::float8[],
+              %(limits)s::int[], %(rates)s::text[])
+       AS n (node, kind, max_attempts, timeout, signal, due, node_limit, rate_limit)
+ WHERE r.id = %(run_id)s
 ON CONFLICT DO NOTHING
 RETURNING id, node, kind, signal;
 
 -- name: step_insert_items
 -- The rest of a map's items (item 0 reuses the fan-out row).
+-- Each item's pass is its fan-out's plus its index: a big fan-out spreads over the passes of
+-- its queue and other runs interleave with it.
 INSERT INTO cyclone_steps (run_id, workflow, node, kind, item_index, item, state, max_attempts,
-                           timeout, available_at, created_at)
+                           timeout, available_at, created_at, priority, pass, node_limit,
+                           rate_limit)
 SELECT s.run_id, s.workflow, s.node, 'map', i.idx, i.item::jsonb, 'available', s.max_attempts,
-       s.timeout, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+       s.timeout, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+       s.priority, s.pass + i.idx, s.node_limit, s.rate_limit
   FROM cyclone_steps s,
        unnest(%(indexes)s::int[], %(items)s::text[]) AS i (idx, item)
  WHERE s.id = %(step_id)s
@@ -42,7 +50,8 @@ ON CONFLICT DO NOTHING;
 --
 -- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7), whose
 -- settings pin its plan to a walk of the candidate index whatever the statistics say
--- (bench/README.md), from after the connection's last lease (%(after_at)s, %(after_id)s). Being
+-- (bench/README.md), from after the connection's last lease (%(after_priority)s, %(after_pass)s,
+-- %(after_id)s). Being
 -- volatile, it reads with a snapshot of its own, taken as it is called: a step committed between
 -- the statement's start and that moment can be locked there and not be seen by `leased`, which
 -- then takes nothing; the step stays available for the next lease. The candidate is picked before
@@ -59,7 +68,7 @@ candidate AS (
     SELECT * FROM cyclone_lease_candidate(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
                coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[],
-               %(after_at)s::timestamptz, %(after_id)s::bigint)
+               %(after_priority)s::smallint, %(after_pass)s::bigint, %(after_id)s::bigint)
 ), leased AS (
     UPDATE cyclone_steps s
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
@@ -69,7 +78,8 @@ candidate AS (
       FROM candidate
      WHERE s.id = candidate.id
        AND CASE WHEN candidate.id IS NOT NULL THEN EXISTS (SELECT 1 FROM done) ELSE false END
- RETURNING s.id, candidate.available_at, s.run_id::text, s.workflow, s.node, s.kind,
+ RETURNING s.id, candidate.available_at, candidate.priority, candidate.pass, s.run_id::text,
+           s.workflow, s.node, s.kind,
            s.item_index, s.item, s.attempt,
            s.max_attempts, s.lease_token::text, candidate.input, candidate.deadline_at,
            candidate.graph_hash, candidate.parent_run_id::text,
@@ -114,19 +124,23 @@ RETURNING s.node, s.kind, run.state AS run_state;
 -- name: _make_next
 -- A fragment: the steps after the tasks `done` completed, made in the same statement. `done`
 -- gives each task's `next` (a JSON array of node rows, as engine/steps.py's _next_nodes_json
--- writes them) and whether it was its run's `last` (which makes none).
+-- writes them), whether it was its run's `last` (which makes none), and its priority and pass,
+-- which the next steps keep: a run that started goes on from its place in the line.
 next AS (
     INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
-                               signal, available_at, due_at, created_at)
+                               signal, available_at, due_at, created_at, priority, pass,
+                               node_limit, rate_limit)
     SELECT done.run_id, done.workflow, n.node, n.kind,
            cyclone_kind_first_state(n.kind),
            n.max_attempts, make_interval(secs => n.timeout), n.signal,
            coalesce(%(now)s::timestamptz, now()),
            coalesce(%(now)s::timestamptz, now()) + make_interval(secs => n.due),
-           coalesce(%(now)s::timestamptz, now())
+           coalesce(%(now)s::timestamptz, now()), done.priority, done.pass, n.node_limit,
+           n.rate_limit
       FROM done,
            jsonb_to_recordset(done.next)
-           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8)
+           AS n (node text, kind text, max_attempts int, timeout float8, signal text, due float8,
+                 node_limit int, rate_limit text)
      WHERE NOT done.last
 ),
 
@@ -142,7 +156,7 @@ WITH held AS (SELECT 1), done AS (
     UPDATE cyclone_steps s
 -- include: _completed
      WHERE s.id = %(step_id)s AND s.lease_token = %(token)s
- RETURNING s.run_id, s.workflow, %(next)s::jsonb AS next, false AS last
+ RETURNING s.run_id, s.workflow, %(next)s::jsonb AS next, false AS last, s.priority, s.pass
 ),
 -- include: _make_next
 -- include: _lease_next
@@ -203,7 +217,8 @@ WITH c AS (
     SELECT * FROM cyclone_lease_candidates(
                CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
                (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
-               %(workflows)s::text[], %(after_at)s::timestamptz, %(after_id)s::bigint)
+               %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
+               %(after_id)s::bigint)
 ), done AS (
     UPDATE cyclone_steps s
        SET state = 'completed', output = c.output,
@@ -213,7 +228,7 @@ WITH c AS (
      WHERE s.id = ANY (%(step_ids)s::bigint[])
        AND s.id = c.step_id AND s.lease_token = c.token
        AND (NOT c.last OR s.run_id IN (SELECT run.id FROM run))
- RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next
+ RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next, s.priority, s.pass
 ),
 -- include: _make_next
 finished AS (
@@ -237,7 +252,8 @@ finished AS (
      WHERE s.id = numbered.id
        AND CASE WHEN numbered.id IS NOT NULL THEN (SELECT count(*) FROM done) >= 0
                 ELSE false END
- RETURNING w.n AS worker, s.id, numbered.available_at, s.run_id, s.workflow, s.node,
+ RETURNING w.n AS worker, s.id, numbered.available_at, numbered.priority, numbered.pass,
+           s.run_id, s.workflow, s.node,
            s.kind, s.item_index, s.item, s.attempt, s.max_attempts, s.lease_token,
            numbered.input, numbered.deadline_at, numbered.graph_hash, numbered.parent_run_id,
            extract(epoch FROM least(s.timeout, numbered.deadline_at

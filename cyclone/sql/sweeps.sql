@@ -167,3 +167,65 @@ SELECT min(t) AS at FROM (
     UNION ALL
     SELECT min(deadline_at) FROM cyclone_runs WHERE state = 'running'
 ) AS gates;
+
+-- name: sweep_fair_clock
+-- Each queue's fair clock moves up to the largest pass among its steps in service (schema.sql,
+-- cyclone_runs.pass): a run of a group with nothing queued starts there, in front of the
+-- backlogs of other groups, behind what is already being served. Running steps are at most one
+-- per worker of the fleet, walked through cyclone_steps_running_idx; a clock never goes back.
+UPDATE cyclone_queues q
+   SET pass = m.pass
+  FROM (SELECT r.queue, max(s.pass) AS pass
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.state = 'running'
+         GROUP BY r.queue) AS m
+ WHERE q.name = m.queue AND m.pass > q.pass
+RETURNING q.name;
+
+-- name: sweep_queued_deadlines
+-- Queued runs (waiting for a slot of their key) past their deadline fail like any other run:
+-- their root steps, which admission would have made, are made dead-lettered with kind
+-- deadline, so the run reports why it failed as a running run would.
+WITH due AS (
+    SELECT id FROM cyclone_runs
+     WHERE state = 'queued' AND deadline_at IS NOT NULL
+       AND deadline_at <= coalesce(%(now)s::timestamptz, now())
+     ORDER BY deadline_at
+     LIMIT %(batch_size)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), failed AS (
+    UPDATE cyclone_runs r
+       SET state = 'failed', queued = false,
+           finished_at = coalesce(%(now)s::timestamptz, now())
+      FROM due
+     WHERE r.id = due.id
+ RETURNING r.id, r.workflow, r.graph_hash, r.priority, r.pass
+), dead AS (
+    INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, timeout,
+                               signal, available_at, created_at, completed_at, error_kind,
+                               error, priority, pass)
+    SELECT f.id, f.workflow, n.node, n.kind, 'dead', n.max_attempts,
+           make_interval(secs => n.timeout), n.signal, coalesce(%(now)s::timestamptz, now()),
+           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
+           'deadline', 'run deadline exceeded', f.priority, f.pass
+      FROM failed f, cyclone_graph_roots(f.graph_hash) AS n
+    RETURNING id
+)
+SELECT count(*) AS failed, (SELECT count(*) FROM dead) AS steps FROM failed;
+
+-- name: sweep_held_steps
+-- Admit the held steps of limited nodes (cyclone_admit_steps): tokens that refilled since,
+-- and slots an admission that could not take a node's lock left free. Each node with held
+-- steps once, found by a skip scan of cyclone_steps_held_idx (a walk per node, not per step).
+WITH RECURSIVE nodes AS (
+    (SELECT workflow, node FROM cyclone_steps WHERE held ORDER BY workflow, node LIMIT 1)
+    UNION ALL
+    SELECT n.workflow, n.node
+      FROM nodes,
+           LATERAL (SELECT s.workflow, s.node FROM cyclone_steps s
+                     WHERE s.held AND (s.workflow, s.node) > (nodes.workflow, nodes.node)
+                     ORDER BY s.workflow, s.node LIMIT 1) AS n
+)
+SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timestamptz, now()))),
+                0)::integer AS admitted
+  FROM (SELECT * FROM nodes LIMIT %(batch_size)s) AS due;

@@ -159,14 +159,20 @@ def test_a_sweep_that_changed_nothing_logs_nothing(caplog) -> None:
 def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     options = ScannerOptions(dsn="", interval=1, batch_size=10, retention=0)
     names = [s.name for s in make_sweeps(options)]
-    assert names == ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors"]
+    assert names == [
+        "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
+        "stale_supervisors", "held_steps", "fair_clock",
+    ]  # fmt: skip
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
     assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)
 
 
 # The labels of the sweeps' counts on the scanner's `scanned` pipe line and in its log lines:
 # the supervisor's metrics and operators' log queries read them, so they never change.
-LABELS = ["deadlines", "expired_leases", "max_wait", "sleeps", "stale_supervisors", "retention"]
+LABELS = [
+    "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
+    "stale_supervisors", "held_steps", "fair_clock", "retention",
+]  # fmt: skip
 
 
 def test_every_sweep_has_one_name_for_its_label_statement_and_function() -> None:
@@ -185,13 +191,16 @@ def test_every_sweep_has_one_name_for_its_label_statement_and_function() -> None
 def test_the_metrics_read_the_counts_the_registry_says_they_are() -> None:
     metrics = Metrics()
     failed = {s.name: s.runs_failed for s in engine.SWEEPS if s.runs_failed is not None}
-    assert failed == {"deadlines": ErrorKind.DEADLINE, "max_wait": ErrorKind.MAX_WAIT}
+    assert failed == {
+        "deadlines": ErrorKind.DEADLINE, "queued_deadlines": ErrorKind.DEADLINE,
+        "max_wait": ErrorKind.MAX_WAIT,
+    }  # fmt: skip
     counts = dict.fromkeys(LABELS, 1)
     metrics.scanned(SimpleNamespace(at=1.0, ok=True, counts=counts))  # type: ignore[arg-type]
     registry = metrics.registry
-    for reason in failed.values():
+    for reason in set(failed.values()):
         value = registry.get_sample_value("cyclone_scanner_runs_failed_total", {"reason": reason})
-        assert value == 1.0, reason
+        assert value == sum(1 for r in failed.values() if r == reason), reason
     assert registry.get_sample_value("cyclone_lease_expirations_total") == 1.0
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
+import uuid
 
 import psycopg
 import pytest
@@ -83,20 +85,38 @@ def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
 def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):
     wf = cyclone.Workflow("schema-v2")
     wf.wait("w")
+    graph = wf.graph
     with connect(scratch_dsn) as conn:
         conn.execute(QUERIES["migration_table_create"])
         for version, name, sql in migrations()[:2]:
             conn.execute(sql.encode())
             conn.execute(QUERIES["migration_record"], {"version": version, "name": name})
-        # Today's statements make steps through migration 11's function; the rows of a version 2
-        # database were made by version 2's code, which wrote it out.
-        (kind_sql,) = [sql for version, _, sql in migrations() if version == 11]
-        conn.execute(kind_sql.encode())
+        # A run and its parked step as version 2's code wrote them (today's statements read
+        # tables of later versions).
+        run_id = str(uuid.uuid4())
+        conn.execute(
+            "INSERT INTO cyclone_graphs (hash, workflow, graph) VALUES (%s, %s, %s)",
+            (graph.hash, wf.name, json.dumps(graph.to_json())),
+        )
+        conn.execute(
+            "INSERT INTO cyclone_workflows (name, graph_hash) VALUES (%s, %s)",
+            (wf.name, graph.hash),
+        )
+        conn.execute(
+            "INSERT INTO cyclone_runs (id, workflow, graph_hash, state, input, created_at) "
+            "VALUES (%s, %s, %s, 'running', '{\"kept\": true}', now())",
+            (run_id, wf.name, graph.hash),
+        )
+        conn.execute(
+            "INSERT INTO cyclone_steps (run_id, workflow, node, kind, state, max_attempts, "
+            "signal, available_at, created_at) "
+            "VALUES (%s, %s, 'w', 'wait', 'waiting', 1, 'w', now(), now())",
+            (run_id, wf.name),
+        )
         with cyclone.Client(scratch_dsn) as client:
-            run_id = client.submit(wf, {"kept": True})
-            conn.execute("DROP FUNCTION cyclone_kind_first_state(text)")
             assert migrate(conn) == [v for v, _, _ in migrations() if v >= 3]
             assert client.get_run(run_id).state == RunState.RUNNING
+            assert client.get_run(run_id).input == {"kept": True}
             assert [s.state for s in client.steps(run_id)] == [StepState.WAITING]
         with pytest.raises(psycopg.errors.CheckViolation) as caught:
             conn.execute("UPDATE cyclone_steps SET state = 'running'")
@@ -309,8 +329,11 @@ def test_the_rules_are_triggers_and_no_check_constraint_is_left(env: TestEnv):
         " AND tgrelid IN ('cyclone_steps'::regclass, 'cyclone_runs'::regclass) ORDER BY 1"
     ).fetchall()
     assert checks == []
-    names = ["cyclone_runs_ended", "cyclone_runs_finished_now",  # ended: v10, finished_now: v15
-             "cyclone_runs_rules", "cyclone_steps_rules"]  # fmt: skip
+    # ended: v10; slot_freed, hold, held: v14; finished_now: v15
+    names = ["cyclone_runs_ended", "cyclone_runs_finished_now", "cyclone_runs_rules",
+             "cyclone_runs_slot_freed", "cyclone_steps_held", "cyclone_steps_hold",
+             "cyclone_steps_hold_again", "cyclone_steps_rules",
+             "cyclone_steps_slot_freed"]  # fmt: skip
     assert [t["tgname"] for t in triggers] == names
 
 

@@ -1,0 +1,175 @@
+"""Limits on a node: `concurrency=N` (at most N of its steps available or running at once,
+across every VM) and `rate_limit` (one token of a PostgreSQL token bucket per attempt).
+Steps short of a slot or a token are held out of the lease index, so no lease walks over
+them, and admitted as slots free and tokens refill."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import cyclone
+from cyclone import engine
+from cyclone.errors import GraphError
+from cyclone.testing import TestEnv
+
+narrow = cyclone.Workflow("nl-narrow")
+mapped = cyclone.Workflow("nl-mapped")
+mailer = cyclone.Workflow("nl-mailer")
+tenants = cyclone.Workflow("nl-tenants")
+
+
+@narrow.task(concurrency=2, max_attempts=3)
+def only_two(ctx):
+    return None
+
+
+@mapped.map(items=lambda ctx: list(range(10)), concurrency=3)
+def item(ctx):
+    return ctx.item
+
+
+@mailer.task(rate_limit="nl-smtp", max_attempts=3)
+def send(ctx):
+    return None
+
+
+@tenants.task(rate_limit=cyclone.RateLimit("nl-api", key="tenant"))
+def call(ctx):
+    return None
+
+
+ALL = [narrow, mapped, mailer, tenants]
+
+
+def lease(env: TestEnv, wf: cyclone.Workflow) -> engine.Lease | None:
+    return engine.lease_step(env.conn, worker="nl", workflows=[wf.name], now=env.now())
+
+
+def counts(env: TestEnv, wf: cyclone.Workflow) -> dict[str, int]:
+    rows = env.conn.execute(
+        "SELECT CASE WHEN held THEN 'held' ELSE state END AS s, count(*) AS n"
+        " FROM cyclone_steps WHERE workflow = %s GROUP BY 1",
+        (wf.name,),
+    ).fetchall()
+    return {r["s"]: r["n"] for r in rows}
+
+
+def test_at_most_n_steps_of_a_node_are_available_or_running(env: TestEnv):
+    env.register(*ALL)
+    runs = env.client.submit_many(narrow, [None] * 5)
+    assert counts(env, narrow) == {"available": 2, "held": 3}
+    first, second = lease(env, narrow), lease(env, narrow)
+    assert first and second and lease(env, narrow) is None  # the third is held
+    assert engine.complete_step(env.conn, first, None)
+    assert counts(env, narrow) == {"completed": 1, "running": 1, "available": 1, "held": 2}
+    # A retry keeps its slot; a planned stop's release too.
+    assert engine.fail_step(env.conn, second.step_id, second.token, kind="error", error="x")
+    assert counts(env, narrow)["held"] == 2
+    for run_id in runs:
+        env.run_until_complete(run_id)
+    assert counts(env, narrow) == {"completed": 5}
+
+
+def test_a_map_node_limit_bounds_its_items(env: TestEnv):
+    env.register(*ALL)
+    env.client.submit(mapped, None)
+    fanout = lease(env, mapped)
+    assert fanout is not None and engine.expand_map(env.conn, fanout, list(range(10)))
+    c = counts(env, mapped)
+    assert c["available"] == 3 and c["held"] == 7
+    running = [lease(env, mapped) for _ in range(3)]
+    assert all(running) and lease(env, mapped) is None
+    for held_lease in running:
+        assert held_lease and engine.complete_step(env.conn, held_lease, held_lease.item)
+    env.run_until_idle()
+    assert counts(env, mapped) == {"completed": 10}
+
+
+def test_an_undeclared_limiter_holds_its_steps_until_it_is_set(env: TestEnv):
+    env.register(*ALL)
+    run_id = env.client.submit(mailer, None)
+    env.run_until_idle()
+    assert counts(env, mailer) == {"held": 1}
+    env.client.set_rate_limit("nl-smtp", rate=10, per=timedelta(seconds=1), burst=10)
+    env.run_until_complete(run_id)
+
+
+def test_tokens_are_given_at_the_rate_and_a_step_short_of_one_waits_for_its_refill(
+    env: TestEnv,
+):
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-smtp", rate=2, per=timedelta(seconds=1), burst=2)
+    env.client.submit_many(mailer, [None] * 8)
+    env.scan()
+    rows = env.conn.execute(
+        "SELECT extract(epoch FROM available_at - min(available_at) OVER ())::float8 AS wait"
+        " FROM cyclone_steps WHERE workflow = %s AND NOT held ORDER BY available_at",
+        (mailer.name,),
+    ).fetchall()
+    waits = [r["wait"] for r in rows]
+    # Two saved up, then one every half second, given at most two seconds ahead (measured
+    # from the admission at submit: the database's clock moves on while the test runs).
+    assert len(waits) == 6
+    assert waits[1] == pytest.approx(0, abs=0.01)
+    for i, wait in enumerate(waits[2:], start=1):
+        assert wait == pytest.approx(0.5 * i, abs=0.05)
+    assert counts(env, mailer)["held"] == 2
+    # Leases take only what is due: two now, none of the rest before its time.
+    assert lease(env, mailer) and lease(env, mailer) and lease(env, mailer) is None
+
+
+def test_each_key_has_a_bucket_of_its_own(env: TestEnv):
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-api", rate=1, per=timedelta(minutes=1), burst=1)
+    env.client.submit_many(tenants, [{"tenant": "a"}, {"tenant": "a"}, {"tenant": "b"}])
+    env.scan()
+    due = env.conn.execute(
+        "SELECT count(*) AS n FROM cyclone_steps WHERE workflow = %s AND NOT held"
+        " AND available_at <= %s",
+        (tenants.name, env.now()),
+    ).fetchone()["n"]
+    assert due == 2  # a's first and b's first; a's second waits a minute for its token
+    assert counts(env, tenants)["held"] == 1
+
+
+def test_a_retry_takes_a_new_token_and_a_planned_stop_keeps_its_own(env: TestEnv):
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-smtp", rate=1, per=timedelta(hours=1), burst=1)
+    env.client.submit(mailer, None)
+    first = lease(env, mailer)
+    assert first is not None
+    assert engine.release_step(env.conn, first.step_id, first.token)  # a planned stop
+    again = lease(env, mailer)
+    assert again is not None and again.step_id == first.step_id
+    assert engine.fail_step(env.conn, again.step_id, again.token, kind="error", error="x")
+    env.advance_time(timedelta(seconds=10))  # past the backoff, but not the refill
+    env.scan()
+    assert counts(env, mailer) == {"held": 1}
+
+
+@pytest.mark.parametrize(
+    "define",
+    [
+        lambda wf: wf.task(concurrency=0)(lambda ctx: None),
+        lambda wf: wf.task(concurrency=True)(lambda ctx: None),
+        lambda wf: wf.task(rate_limit="")(lambda ctx: None),
+        lambda wf: wf.task(rate_limit=5)(lambda ctx: None),
+        lambda wf: wf.task(rate_limit=cyclone.RateLimit("x", key=""))(lambda ctx: None),
+    ],
+)
+def test_bad_node_limits_are_refused_when_defined(define):
+    with pytest.raises(GraphError):
+        define(cyclone.Workflow("nl-bad"))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"rate": 0}, {"rate": float("nan")}, {"rate": 1, "per": -1}, {"rate": 1, "burst": 0},
+     {"rate": True}],
+)  # fmt: skip
+def test_a_bad_rate_limit_is_refused_and_writes_nothing(env: TestEnv, kwargs):
+    with pytest.raises(ValueError):
+        env.client.set_rate_limit("nl-bad", **kwargs)
+    assert env.conn.execute("SELECT count(*) AS n FROM cyclone_rate_limits").fetchone()["n"] == 0
