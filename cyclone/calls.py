@@ -44,6 +44,9 @@ Limit = tuple[str | Callable[[Any], Any], int]
 T = TypeVar("T")
 Clock = Callable[[], datetime | None]
 
+# The longest idempotency key, in UTF-8 bytes: well inside a b-tree index entry (~2.7 kB).
+MAX_KEY_BYTES = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Statement:
@@ -98,7 +101,8 @@ async def adrive(call: Call[T], conn: psycopg.AsyncConnection[Any]) -> T:
 
 
 def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
-    """Seconds of a run deadline; 0 means none (None, zero and negative all mean none)."""
+    """Seconds of a run deadline; 0 means none (None or zero). A negative one is an error:
+    every run is bounded, and a deadline that reads as none would fail open."""
     if run_deadline is None:
         return 0.0
     if isinstance(run_deadline, bool) or not isinstance(run_deadline, timedelta | int | float):
@@ -106,9 +110,11 @@ def deadline_seconds(run_deadline: timedelta | float | int | None) -> float:
     secs = (
         run_deadline.total_seconds() if isinstance(run_deadline, timedelta) else float(run_deadline)
     )
+    if secs < 0:
+        raise ValueError(f"run_deadline: must not be negative, got {run_deadline!r} (0: none)")
     if math.isnan(secs) or secs > MAX_DEADLINE_SECONDS:
         raise ValueError(f"run_deadline: {run_deadline!r} is not a usable duration (max 100 years)")
-    return secs if secs > 0 else 0.0
+    return secs
 
 
 def check_priority(priority: int | None) -> None:
@@ -128,6 +134,8 @@ def timeout_seconds(timeout: timedelta | float | int | None) -> float | None:
     secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
     if math.isnan(secs):
         raise ValueError("timeout: NaN is not a duration")
+    if secs > MAX_DEADLINE_SECONDS:  # infinity included: a wait timer cannot hold it
+        raise ValueError(f"timeout: {timeout!r} is not a usable duration (None: no limit)")
     return max(secs, 0.0)
 
 
@@ -220,6 +228,13 @@ class Calls:
             raise ValueError(f"key: expected a non-empty string, got {key!r}")
         if key is not None:
             check_text(key, "key")
+            # The key is indexed: a long one failed in the database with an index row error,
+            # after the whole key crossed the network.
+            size = len(key.encode("utf-8", "surrogatepass"))
+            if size > MAX_KEY_BYTES:
+                raise ValueError(
+                    f"key: {size} bytes, over the limit of {MAX_KEY_BYTES} (hash a longer one)"
+                )
         if not isinstance(workflow, Workflow):
             check_workflow_name(workflow)
         text = encode_json(input, "input", self.max_payload_bytes)

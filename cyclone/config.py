@@ -234,7 +234,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scanner", "batch_size", INT, 500, _ints(1, 100000),
             "Most rows one sweep changes per transaction."),
     Setting("scanner", "retention", DURATION, 7 * 86400.0, None,
-            "Finished runs older than this are deleted."),
+            "Finished runs older than this are deleted; 0 keeps them. A runtime role that "
+            "does not own the schema keeps at least the last day's (migration 15)."),
     Setting("metrics", "enabled", BOOL, True, None, "Serve Prometheus metrics."),
     Setting("metrics", "bind", STR, "127.0.0.1", None,
             "Address to listen on; metrics are not authenticated, so keep it private."),

@@ -159,29 +159,137 @@ def with_options(dsn: str, options: str) -> str:
     return make_conninfo(**params)  # type: ignore[arg-type]
 
 
+# How deep arrays and objects may nest in a payload (input, signal, output, map item). Python's
+# json module, and so every process that reads a payload back (the supervisor's dispatcher,
+# a worker's lease), decodes by recursion: an input nested ~990 deep raised RecursionError in
+# the supervisor's loop at every restart. Well below that, and above any sane document.
+MAX_JSON_DEPTH = 100
+
+
 def check_json(value: Any, what: str = "value") -> None:
-    """Raise TypeError naming the first part of `value` that is not plain JSON."""
-    if value is None or isinstance(value, bool | int | str):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise TypeError(f"{what}: {value!r} is not JSON (no NaN or infinity)")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            check_json(item, f"{what}[{i}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"{what}: key {key!r} is not a string, so this is not JSON")
-            check_json(item, f"{what}[{key!r}]")
-        return
-    raise TypeError(f"{what}: {type(value).__name__} is not JSON")
+    """Raise TypeError naming the first part of `value` that is not plain JSON, or
+    PayloadTooDeep when arrays and objects nest deeper than MAX_JSON_DEPTH. Without recursion,
+    so that no depth can make the check itself fail."""
+    from cyclone.errors import PayloadTooDeep
+
+    # (value, depth of its container, parent entry, key in the parent): the path to a part is
+    # spelled out only when it is wrong.
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 0, None, None)]
+    while stack:
+        entry = stack.pop()
+        item, depth = entry[0], entry[1]
+        if item is None or isinstance(item, bool | int | str):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise TypeError(f"{_path(what, entry)}: {item!r} is not JSON (no NaN or infinity)")
+            continue
+        if isinstance(item, list | tuple | dict) and depth >= MAX_JSON_DEPTH:
+            raise PayloadTooDeep(
+                f"{what}: arrays and objects nested more than {MAX_JSON_DEPTH} levels deep "
+                f"(the limit is {MAX_JSON_DEPTH})"
+            )
+        if isinstance(item, list | tuple):
+            stack.extend((v, depth + 1, entry, i) for i, v in reversed(list(enumerate(item))))
+            continue
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"{_path(what, entry)}: key {key!r} is not a string, so this is not JSON"
+                    )
+            stack.extend((v, depth + 1, entry, k) for k, v in reversed(list(item.items())))
+            continue
+        raise TypeError(f"{_path(what, entry)}: {type(item).__name__} is not JSON")
+
+
+def _path(what: str, entry: tuple[Any, int, Any, Any]) -> str:
+    """`what[0]['key']...`: where the part of check_json's stack entry sits in the value."""
+    keys = []
+    while entry[2] is not None:
+        keys.append(f"[{entry[3]!r}]" if isinstance(entry[3], str) else f"[{entry[3]}]")
+        entry = entry[2]
+    return what + "".join(reversed(keys))
+
+
+_BLANK = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?")
+
+
+def loads_flat(text: str) -> Any:
+    """json.loads without recursion, for a document nested too deep for json (which recurses
+    once a level): the supervisor's dispatcher reads a batch with a row written past the
+    client's checks this way, to hand out its other leases. ValueError if it is not JSON."""
+    from json.decoder import scanstring
+
+    def blank(i: int) -> int:
+        return _BLANK.match(text, i).end()  # type: ignore[union-attr] - always matches
+
+    def key(i: int) -> tuple[str, int]:
+        if text[i : i + 1] != '"':
+            raise ValueError(f"not JSON: expected a key at {i}")
+        name, i = scanstring(text, i + 1)
+        i = blank(i)
+        if text[i : i + 1] != ":":
+            raise ValueError(f"not JSON: expected ':' at {i}")
+        return name, blank(i + 1)
+
+    stack: list[list[Any]] = []  # the open containers, each with the key its next value takes
+    i = blank(0)
+    while True:
+        ch = text[i : i + 1]
+        value: Any
+        if ch in ("{", "["):
+            i = blank(i + 1)
+            if text[i : i + 1] == ("}" if ch == "{" else "]"):
+                value, i = ({} if ch == "{" else []), i + 1
+            elif ch == "{":
+                name, i = key(i)
+                stack.append([{}, name])
+                continue
+            else:
+                stack.append([[], None])
+                continue
+        elif ch == '"':
+            value, i = scanstring(text, i + 1)
+        elif (number := _NUMBER.match(text, i)) is not None:
+            fraction, exponent = number.groups()
+            value = float(number[0]) if fraction or exponent else int(number[0])
+            i = number.end()
+        elif text.startswith("true", i):
+            value, i = True, i + 4
+        elif text.startswith("false", i):
+            value, i = False, i + 5
+        elif text.startswith("null", i):
+            value, i = None, i + 4
+        else:
+            raise ValueError(f"not JSON: unexpected {ch!r} at {i}")
+        # A whole value: into its container, closing each container that ends here.
+        while True:
+            i = blank(i)
+            if not stack:
+                if i != len(text):
+                    raise ValueError(f"not JSON: extra data at {i}")
+                return value
+            top = stack[-1]
+            if isinstance(top[0], list):
+                top[0].append(value)
+            else:
+                top[0][top[1]] = value
+            ch = text[i : i + 1]
+            if ch == ",":
+                i = blank(i + 1)
+                if isinstance(top[0], dict):
+                    top[1], i = key(i)
+                break
+            if ch != ("]" if isinstance(top[0], list) else "}"):
+                raise ValueError(f"not JSON: unexpected {ch!r} at {i}")
+            value, i = stack.pop()[0], i + 1
 
 
 def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES) -> str:
-    """JSON text for a jsonb parameter; TypeError if not JSON, PayloadTooLarge if too big."""
+    """JSON text for a jsonb parameter; TypeError if not JSON, PayloadTooLarge if too big (or
+    PayloadTooDeep, nested too deep)."""
     from cyclone.errors import PayloadTooLarge
 
     check_json(value, what)

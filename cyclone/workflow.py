@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from cyclone.errors import GraphError, WorkflowNotFound
-from cyclone.states import NodeKind
+from cyclone.states import MAX_DEADLINE_SECONDS, NodeKind
 
 # A step that is never given a timeout still gets one: no handler may run forever by default.
 DEFAULT_TIMEOUT = timedelta(minutes=5)
@@ -36,6 +36,10 @@ def seconds(value: Duration | None, what: str) -> float | None:
     secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
     if secs < 0:
         raise GraphError(f"{what}: must not be negative, got {value!r}")
+    # NaN, infinity and 1e300 are floats too: the database's interval would refuse them
+    # only when a step is made, with its own error.
+    if not secs <= MAX_DEADLINE_SECONDS:
+        raise GraphError(f"{what}: {value!r} is not a usable duration (at most 100 years)")
     return secs
 
 

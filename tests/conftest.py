@@ -9,6 +9,7 @@ proc_helpers.py and others in tests/process.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import uuid
@@ -27,6 +28,9 @@ _SPAWNED = pytest.StashKey[list[str]]()
 
 def pytest_configure(config: pytest.Config) -> None:
     spawn_guard.install()
+    # CI runs as root: the tests (and the CLI and supervisors they start, which inherit this)
+    # may start the embedded server as root, which cyclone.embedded otherwise refuses.
+    os.environ.setdefault(embedded.ENV_ALLOW_ROOT, "1")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -219,6 +219,17 @@ def text_arg(value: str) -> str:
     return value
 
 
+def role_arg(value: str) -> str:
+    """A PostgreSQL role name: printed into SQL (quoted) and into its comment lines, where a
+    line break would end the comment and make the rest a statement."""
+    text_arg(value)
+    if not value or any(ch < " " or ch == "\x7f" for ch in value):
+        raise ArgumentTypeError(f"not a role name (empty, or a control character): {_show(value)}")
+    if len(value.encode()) > 63:
+        raise ArgumentTypeError(f"not a role name (over 63 bytes): {_show(value)}")
+    return value
+
+
 def duration_arg(value: str) -> float:
     try:
         return parse_duration(value)

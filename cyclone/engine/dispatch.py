@@ -11,6 +11,7 @@ same transaction, and a lease is taken from the same candidate scan.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.db import encode_json, retrying, step_cursor, text_array
+from cyclone.db import check_json, encode_json, loads_flat, retrying, step_cursor, text_array
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.steps import (
     DEFAULT_LEASE_TTL,
@@ -27,7 +28,10 @@ from cyclone.engine.steps import (
     _lease_from_row,
     _LeaseFloor,
 )
+from cyclone.errors import PayloadTooDeep
 from cyclone.sql import QUERIES, numbered
+
+log = logging.getLogger(__name__)
 
 Conn = psycopg.Connection[Any]
 
@@ -83,6 +87,23 @@ class Dispatched:
         """From the statement's one JSON value."""
         found = json.loads(text)
         leases = {row["worker"] - 1: row for row in found["leases"]}
+        return cls(frozenset(found["completed"]), leases)
+
+    @classmethod
+    def parse_flat(cls, text: str) -> Dispatched:
+        """The same, from an answer nested too deep for `parse` (a row written past the
+        client's checks): read without recursion, with the leases of rows nested deeper than
+        MAX_JSON_DEPTH left out. No worker could read those, so they are not handed out: each
+        lapses, and the scanner reclaims it, an attempt spent, until the step is dead."""
+        found = loads_flat(text)
+        leases = {}
+        for row in found["leases"]:
+            try:
+                check_json(row, f"step {row.get('id')}")
+            except PayloadTooDeep as exc:
+                log.warning("%s; its lease is not handed to a worker", exc)
+                continue
+            leases[row["worker"] - 1] = row
         return cls(frozenset(found["completed"]), leases)
 
     def last(self) -> dict[str, Any] | None:

@@ -10,8 +10,18 @@ GRANT USAGE, CREATE ON SCHEMA {schema} TO {migrator};
 -- the work, never DDL, never delete history (retention goes through cyclone_delete_finished,
 -- migration 9). Presence rows are theirs to delete.
 GRANT USAGE ON SCHEMA {schema} TO {runtime};
-GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_runs, {schema}.cyclone_steps,
+GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_steps,
       {schema}.cyclone_signals, {schema}.cyclone_graphs, {schema}.cyclone_workflows TO {runtime};
+-- Flow control (migration 14): queues' fair clocks, rate limits and their buckets.
+GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_queues, {schema}.cyclone_rate_limits,
+      {schema}.cyclone_rate_buckets TO {runtime};
+-- Runs: only the columns its statements change (migration 15). Not created_at, input, parent
+-- or key, which say what the run was; finished_at only at the current time (a trigger). The
+-- REVOKE takes back the whole-table UPDATE that grants printed before version 15 gave.
+REVOKE UPDATE ON {schema}.cyclone_runs FROM {runtime};
+GRANT SELECT, INSERT ON {schema}.cyclone_runs TO {runtime};
+GRANT UPDATE (state, output, deadline_at, paused_at, finished_at, waited, queued, pass)
+      ON {schema}.cyclone_runs TO {runtime};
 -- Failed attempts are written, never changed: their history is what operators read.
 GRANT SELECT, INSERT ON {schema}.cyclone_step_attempts TO {runtime};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_supervisors, {schema}.cyclone_workers

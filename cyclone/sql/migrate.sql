@@ -4,6 +4,16 @@
 -- next statement may run on another server connection, which could not unlock it.
 SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.cyclone_migrations'));
 
+-- name: migration_lock_timeout
+-- How long the lock above may be waited for, in this transaction only (0: forever). Returns
+-- the session's own value, to be set back once the lock is held: the migrations' DDL waits
+-- for its table locks as it always did.
+SELECT current_setting('lock_timeout') AS previous, current_schema() AS schema,
+       set_config('lock_timeout', %(timeout)s, true) AS timeout;
+
+-- name: migration_lock_timeout_restore
+SELECT set_config('lock_timeout', %(previous)s, true) AS timeout;
+
 -- name: migration_table_create
 CREATE TABLE IF NOT EXISTS cyclone_migrations (
     version    integer PRIMARY KEY,

@@ -382,6 +382,29 @@ CREATE TRIGGER cyclone_steps_rules BEFORE INSERT OR UPDATE ON cyclone_steps
 CREATE TRIGGER cyclone_runs_rules BEFORE INSERT OR UPDATE ON cyclone_runs
     FOR EACH ROW EXECUTE FUNCTION cyclone_runs_keep_rules();
 
+-- A run's finished_at set earlier than the transaction's clock, by a role that does not own
+-- the table: retention would take it before its time. The WHEN clause is evaluated without
+-- calling the function, so the statements that end runs at now() (or at TestEnv's clock,
+-- which only moves forward) pay nothing; the names are qualified because the function runs
+-- with the caller's search_path.
+CREATE FUNCTION cyclone_runs_finished_not_past() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c
+                                               WHERE c.oid = TG_RELID), 'MEMBER') THEN
+        RETURN NEW;
+    END IF;
+    RAISE insufficient_privilege USING
+        MESSAGE = pg_catalog.format('run %s: finished_at %s is before now (%s); role %s may '
+                                    'only end a run at the current time', NEW.id,
+                                    NEW.finished_at, pg_catalog.now(), current_user);
+END
+$$;
+
+CREATE TRIGGER cyclone_runs_finished_now BEFORE UPDATE OF finished_at ON cyclone_runs
+    FOR EACH ROW
+    WHEN (NEW.finished_at < now() AND NEW.finished_at IS DISTINCT FROM OLD.finished_at)
+    EXECUTE FUNCTION cyclone_runs_finished_not_past();
+
 ------------------------------------------------------------------------------------------------
 -- Run ends a client waits for
 --
@@ -805,34 +828,59 @@ $$;
 --
 -- The runtime role may not delete history (`cyclone migrate --print-grants`), so the scanner's
 -- retention calls this function, which runs with its owner's rights (the role that migrated)
--- and deletes nothing else. Its search_path is the schema it was created in, so a caller's
--- search_path cannot point it elsewhere. It deletes finished top-level runs older than
--- `retention` seconds, at most batch_size of them, with their child runs and signals (ON DELETE
--- CASCADE), the steps of all of them and those steps' attempts, and returns the number of
--- top-level runs deleted.
+-- and deletes nothing else. It deletes finished top-level runs older than `retention` seconds,
+-- at most batch_size of them, with their child runs and signals (ON DELETE CASCADE), the steps
+-- of all of them and those steps' attempts, and returns the number of top-level runs deleted.
+--
+-- Written by an EXECUTE because it names its schema (migration 15): its search_path is that
+-- schema then pg_temp, searched last, and every table it reads is qualified, so no temporary
+-- object of the caller's runs with the owner's rights. A caller that is not a member of the
+-- owner (the runtime role) gets a cut-off of at most the server's clock less at least a day;
+-- the owner passes any `at` and retention (TestEnv's clock moves forward).
 ------------------------------------------------------------------------------------------------
 
-CREATE FUNCTION cyclone_delete_finished(retention float8, batch_size integer, at timestamptz)
-RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path FROM CURRENT AS $$
-    WITH RECURSIVE doomed AS (
-        SELECT id FROM (SELECT id FROM cyclone_runs
-                         WHERE finished_at < coalesce(at, now()) - make_interval(secs => retention)
-                           AND parent_run_id IS NULL
-                         ORDER BY finished_at
+DO $migration$
+BEGIN
+EXECUTE format($fn$
+CREATE OR REPLACE FUNCTION %1$I.cyclone_delete_finished(
+    retention float8, batch_size integer, at timestamptz
+) RETURNS bigint LANGUAGE sql SECURITY DEFINER
+SET search_path = %1$I, pg_temp
+AS $$
+    WITH RECURSIVE trusted AS (
+        -- Inside the function current_user is its owner; session_user is who logged in.
+        SELECT pg_catalog.pg_has_role(session_user, current_user, 'MEMBER') AS owner
+    ), cutoff AS (
+        SELECT CASE WHEN trusted.owner
+                    THEN coalesce(at, pg_catalog.now())
+                         - pg_catalog.make_interval(secs => retention)
+                    ELSE least(coalesce(at, pg_catalog.now()), pg_catalog.now())
+                         - pg_catalog.make_interval(secs => greatest(
+                               coalesce(retention, 0), 86400))  -- the floor: one day
+               END AS before
+          FROM trusted
+    ), doomed AS (
+        SELECT id FROM (SELECT r.id FROM %1$I.cyclone_runs r, cutoff
+                         WHERE r.finished_at < cutoff.before
+                           AND r.parent_run_id IS NULL
+                         ORDER BY r.finished_at
                          LIMIT batch_size) AS top
         UNION ALL
-        SELECT r.id FROM cyclone_runs r JOIN doomed d ON r.parent_run_id = d.id
+        SELECT r.id FROM %1$I.cyclone_runs r JOIN doomed d ON r.parent_run_id = d.id
     ), steps AS (
-        DELETE FROM cyclone_steps WHERE run_id IN (SELECT id FROM doomed) RETURNING id
+        DELETE FROM %1$I.cyclone_steps WHERE run_id IN (SELECT id FROM doomed) RETURNING id
     ), attempts AS (
-        DELETE FROM cyclone_step_attempts WHERE step_id IN (SELECT id FROM steps)
+        DELETE FROM %1$I.cyclone_step_attempts WHERE step_id IN (SELECT id FROM steps)
     ), runs AS (
-        DELETE FROM cyclone_runs
+        DELETE FROM %1$I.cyclone_runs
          WHERE id IN (SELECT id FROM doomed) AND parent_run_id IS NULL
         RETURNING 1
     )
     SELECT count(*) FROM runs;
-$$;
+$$
+$fn$, current_schema());
+END
+$migration$;
 
 REVOKE ALL ON FUNCTION cyclone_delete_finished(float8, integer, timestamptz) FROM PUBLIC;
 

@@ -97,6 +97,10 @@ _OWN = b'given {"own":true}\n'
 _SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
 
 
+class DispatchUnreadable(Exception):
+    """A dispatch statement's answer that could not be decoded: its batch fails."""
+
+
 class Handles(Protocol):
     """What the dispatcher needs of the arbiter."""
 
@@ -479,7 +483,19 @@ class Dispatcher:
         batch, leasing, sent = session.batch, session.leasing, session.sent
         taken, ahead = session.taken, session.ahead
         session.batch, session.leasing, session.taken, session.ahead = None, [], [], []
-        result = Dispatched.parse(text)
+        try:
+            try:
+                result = Dispatched.parse(text)
+            except RecursionError:
+                # A row the client's checks never saw (an input nested too deep for json,
+                # written by SQL or an old client): read flat, that row's lease left out.
+                result = Dispatched.parse_flat(text)
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+            # Unreadable all the same: this batch fails as a failed statement does, and the
+            # supervisor goes on. Its leases lapse; the scanner reclaims them.
+            session.batch, session.taken, session.ahead = batch, taken, ahead
+            self.failed(session, DispatchUnreadable(f"{type(exc).__name__}: {exc}"), arbiter)
+            return
         self.observe(len(result.leases))
         self.answer(result, batch, leasing, sent, session, arbiter)
         for taken_one in taken:

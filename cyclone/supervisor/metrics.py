@@ -1,9 +1,10 @@
 """Prometheus metrics, kept by the supervisor and served from its loop.
 
 Workers report leases and outcomes over their pipes, and the supervisor counts them: one
-registry per host, no multiprocess files (they leak with churning workers). `/metrics` is a
-wsgiref server whose socket sits in the supervisor's selector, so serving it needs no thread;
-`prometheus_client.start_http_server` would start one in the process that forks.
+registry per host, no multiprocess files (they leak with churning workers). `/metrics` is
+served by threads of its own (`MetricsServer`), never by the supervisor's loop: a client that
+trickled its request a byte at a time held the loop, and every kill with it, for as long as it
+went on (issue 22). Each request has a deadline for the whole of it and a size cap.
 
 The scanner reports each pass over its pipe (`scanned`): lease expirations, runs it failed
 and when it last finished a pass. Gauges read from the database (DLQ depth, runs by state,
@@ -14,11 +15,16 @@ reasons and outcomes from enums; run and step ids never appear.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import socket
+import threading
+import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from urllib.parse import unquote
 
 import psycopg
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -33,9 +39,15 @@ from cyclone.supervisor.labels import MAX_NODES, MAX_WORKFLOWS, LabelCap, top
 
 log = logging.getLogger(__name__)
 
-# A scrape is served inside the supervisor's loop: a client that connects and then stalls
-# may hold the loop up for at most this long.
-IO_TIMEOUT = 0.25
+# A scrape is served off the supervisor's loop, one thread a connection: reading the request
+# and writing the answer take at most REQUEST_DEADLINE together (a client that trickles a byte
+# every 0.2 s is cut off, not waited for), a request head over MAX_REQUEST_BYTES is refused,
+# and past MAX_CONNECTIONS at once a new connection is closed unanswered.
+REQUEST_DEADLINE = 5.0
+MAX_REQUEST_BYTES = 8192
+MAX_CONNECTIONS = 4
+# How often the accepting thread looks whether the server was closed.
+_ACCEPT_POLL = 0.5
 # The scanner's sweeps whose rows are runs failed, by the reason they failed for, and those
 # whose rows are expired leases reclaimed (declared in cyclone/engine/sweeps.py).
 RUNS_FAILED_BY = {s.name: str(s.runs_failed) for s in SWEEPS if s.runs_failed is not None}
@@ -156,7 +168,9 @@ class _LiveCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Any]:
-        workers = [h for h in self.metrics.children.values() if h.role is Role.WORKER]
+        # list() copies the values in one step: the supervisor's loop changes the dict while
+        # a metrics thread reads it.
+        workers = [h for h in list(self.metrics.children.values()) if h.role is Role.WORKER]
         states = GaugeMetricFamily("cyclone_workers", "Worker processes", labels=["state"])
         busy = sum(1 for h in workers if h.busy)
         states.add_metric(["busy"], busy)
@@ -169,41 +183,160 @@ class _LiveCollector(Collector):
         yield active
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # one line per scrape is noise
+class _Refused(Exception):
+    """A request not served: the status to answer with, when there is one to send."""
 
-    def setup(self) -> None:
-        self.request.settimeout(IO_TIMEOUT)
-        super().setup()
+    def __init__(self, status: str | None, why: str) -> None:
+        super().__init__(why)
+        self.status = status
 
 
 class MetricsServer:
-    """`/metrics` on a socket the supervisor's selector watches."""
+    """`/metrics` served by threads of its own: the supervisor's loop never waits on a client.
+
+    The WSGI app of prometheus_client renders the answer (content negotiation, gzip, `name[]`
+    filters); what reads the request and writes the answer is here, so that the deadline covers
+    the whole request rather than each read (as wsgiref's timeouts do). The answers close their
+    connection with a shutdown, not only a close: a worker forked while a request was open holds
+    a copy of its socket, which a close alone would leave open to the client.
+    """
 
     def __init__(self, metrics: Metrics, bind: str, port: int) -> None:
-        self.server: WSGIServer = make_server(
-            bind, port, make_wsgi_app(metrics.registry), handler_class=_QuietHandler
-        )
-        self.server.socket.setblocking(False)
-        host, self.port = self.server.server_address[:2]
+        self.app = make_wsgi_app(metrics.registry)
+        family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        self.socket = socket.create_server((bind, port), family=family, backlog=16)
+        self.socket.settimeout(_ACCEPT_POLL)
+        host, self.port = self.socket.getsockname()[:2]
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.render_lock = threading.Lock()
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._accept, name="cyclone-metrics", daemon=True)
+        self.thread.start()
         log.info("metrics at http://%s:%d/metrics", host, self.port, extra={"action": "metrics"})
 
     def fileno(self) -> int:
-        return self.server.fileno()
-
-    def handle(self) -> None:
-        """One pending connection (the selector said the socket is readable)."""
-        try:
-            request, address = self.server.socket.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        try:
-            request.setblocking(True)
-            self.server.process_request(request, address)
-        except (TimeoutError, OSError) as exc:
-            log.debug("metrics request failed: %s", exc)
-            self.server.shutdown_request(request)
+        return self.socket.fileno()
 
     def close(self) -> None:
-        self.server.server_close()
+        self.closed.set()
+        self.socket.close()
+        self.thread.join(timeout=2 * _ACCEPT_POLL)
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, address = self.socket.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self.closed.is_set():
+                    return
+                log.debug("metrics: accept failed: %s", exc)
+                time.sleep(0.1)  # out of descriptors, say: not a busy loop
+                continue
+            if not self.slots.acquire(blocking=False):
+                _hang_up(conn)  # MAX_CONNECTIONS served already: no thread for another
+                continue
+            threading.Thread(
+                target=self._serve, args=(conn, address), name="cyclone-metrics-request",
+                daemon=True,
+            ).start()  # fmt: skip
+
+    def _serve(self, conn: socket.socket, address: Any) -> None:
+        deadline = time.monotonic() + REQUEST_DEADLINE
+        try:
+            try:
+                head = _read_head(conn, deadline)
+                answer = self._answer(head, address)
+            except _Refused as refused:
+                log.debug("metrics: request from %s refused: %s", address, refused)
+                if refused.status is None:
+                    return
+                answer = _response(refused.status, [], f"{refused}\n".encode(), head=False)
+            _send_all(conn, answer, deadline)
+        except OSError as exc:  # TimeoutError included: the deadline passed
+            log.debug("metrics: request from %s failed: %s", address, exc)
+        finally:
+            _hang_up(conn)
+            self.slots.release()
+
+    def _answer(self, head: bytes, address: Any) -> bytes:
+        try:
+            request_line, *lines = head.decode("latin-1").split("\n")
+            method, target, _version = request_line.split()
+        except ValueError:
+            raise _Refused("400 Bad Request", "not an HTTP request") from None
+        path, _, query = target.partition("?")
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": "GET" if method == "HEAD" else method,
+            "PATH_INFO": unquote(path), "QUERY_STRING": query, "SERVER_PROTOCOL": "HTTP/1.0",
+            "SERVER_NAME": "cyclone", "SERVER_PORT": str(self.port),
+            "REMOTE_ADDR": str(address[0]) if address else "", "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(), "wsgi.errors": io.StringIO(), "wsgi.version": (1, 0),
+            "wsgi.multithread": True, "wsgi.multiprocess": False, "wsgi.run_once": False,
+        }  # fmt: skip
+        for line in lines:
+            name, sep, value = line.partition(":")
+            if sep:
+                environ["HTTP_" + name.strip().upper().replace("-", "_")] = value.strip()
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]], *_: Any) -> None:
+            started[:] = [status, headers]
+
+        # One scrape renders at a time (the database gauges share one session); the clients'
+        # reads and writes, the slow part, are outside the lock.
+        with self.render_lock:
+            body = b"".join(self.app(environ, start_response))
+        return _response(started[0], started[1], body, head=method == "HEAD")
+
+
+def _read_head(conn: socket.socket, deadline: float) -> bytes:
+    """The request line and headers, read before `deadline` and within MAX_REQUEST_BYTES."""
+    data = b""
+    while True:
+        end = data.find(b"\r\n\r\n")
+        if end < 0:
+            end = data.find(b"\n\n")
+        if end >= 0:
+            return data[:end].replace(b"\r\n", b"\n")
+        if len(data) > MAX_REQUEST_BYTES:
+            raise _Refused(
+                "431 Request Header Fields Too Large", f"over {MAX_REQUEST_BYTES} bytes"
+            )
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _Refused(None, f"request not read within {REQUEST_DEADLINE:g}s")
+        conn.settimeout(remaining)
+        try:
+            chunk = conn.recv(MAX_REQUEST_BYTES + 1 - len(data))
+        except TimeoutError:
+            raise _Refused(None, f"request not read within {REQUEST_DEADLINE:g}s") from None
+        if not chunk:
+            raise _Refused(None, "closed before the end of its request")
+        data += chunk
+
+
+def _response(
+    status: str, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool
+) -> bytes:
+    lines = [f"HTTP/1.0 {status}"]
+    lines += [f"{name}: {value}" for name, value in headers if name.lower() != "content-length"]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + (b"" if head else body)
+
+
+def _send_all(conn: socket.socket, data: bytes, deadline: float) -> None:
+    view = memoryview(data)
+    while view:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"answer not taken within {REQUEST_DEADLINE:g}s")
+        conn.settimeout(remaining)
+        view = view[conn.send(view[:65536]) :]
+
+
+def _hang_up(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # the client went first
+        conn.shutdown(socket.SHUT_RDWR)
+    conn.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -35,13 +36,24 @@ PROBE_TIMEOUT = 1.0
 # LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
 LISTEN = "LISTEN cyclone_revoked"
 UNLISTEN = "UNLISTEN cyclone_revoked"
+# A revocation check runs at most this often on notifications: any session may NOTIFY the
+# channel, and a flood of them made one supervisor run 7,000 checks in 4 s. A notification
+# that arrives sooner is kept and answered when the interval is over, so none is lost.
+NOTIFY_EVERY = 0.1
+# At most this many notifications are read at one wake-up: a flood must not keep the loop
+# reading (the rest are read at the next, and one is as good as many).
+NOTIFY_READ = 1000
 
 
 class Listener:
     """The LISTEN connection: wakes the loop on revocations, once a probe showed they arrive."""
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.dsn = dsn
+        self.clock = clock
+        # A notification read and not yet answered by a check, and when the next may be.
+        self.pending = False
+        self.next_at = 0.0
         self.conn: psycopg.Connection[Any] | None = None
         self.working = False
         self.probed: bool | None = None
@@ -96,11 +108,26 @@ class Listener:
         return self.fd
 
     def drain(self) -> bool:
-        """Read what arrived on the socket; returns whether a notification was among it."""
+        """Read what arrived on the socket; returns whether a revocation check is due now (a
+        notification came, and none was answered in the last NOTIFY_EVERY)."""
         if self.conn is None:
             return False
-        # timeout=0 reads what the socket holds without waiting for more; one is enough.
-        return any(True for _ in self.conn.notifies(timeout=0))
+        # timeout=0 reads what the socket holds without waiting for more.
+        if any(True for _ in self.conn.notifies(timeout=0, stop_after=NOTIFY_READ)):
+            self.pending = True
+        return self.due()
+
+    def due(self) -> bool:
+        """Whether a notification kept back is to be answered now (then it is taken)."""
+        now = self.clock()
+        if not self.pending or now < self.next_at:
+            return False
+        self.pending, self.next_at = False, now + NOTIFY_EVERY
+        return True
+
+    def wake_at(self) -> float | None:
+        """When a notification kept back is due (the loop wakes for it), or None."""
+        return self.next_at if self.pending else None
 
     @property
     def healthy(self) -> bool:

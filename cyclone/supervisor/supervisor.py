@@ -1,9 +1,12 @@
 """The supervisor's loop: one thread, one wait point, signal handlers that only record.
 
 The wait point is a selector on the self-pipe that `signal.set_wakeup_fd` feeds, on every
-child's pipe, on the LISTEN connection and on the metrics socket. After each wake-up the loop
-hands the recorded signals, pipe data and notifications to the arbiter and lets it tick. There
-are no threads in this process: it forks, and a fork copies only the thread that calls it.
+child's pipe and on the LISTEN connection. After each wake-up the loop hands the recorded
+signals, pipe data and notifications to the arbiter and lets it tick. The loop is the only
+thread that changes anything: the others serve `/metrics` (metrics.py), since a client there
+must never hold up a kill. A fork copies only the thread that calls it, so those threads touch
+nothing a child uses (the registry, their sockets, the gauges' session; logging's locks are
+made anew in a child, and they log only at debug level).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ METRICS_STATEMENT_TIMEOUT_MS = 1000
 # A presence upsert touches a handful of rows; it must never hold the loop long.
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
-_WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
+_WAKEUP, _LISTENER, _CHILD = "wakeup", "listener", "child"
 _DISPATCH = "dispatch"
 # The exit status of a start-up that a setting makes impossible (as for a bad config file):
 # systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
@@ -234,6 +237,9 @@ class Supervisor:
         linger = self.dispatcher.next_at()
         if linger is not None:
             wake = min(wake, linger)
+        kept = self.listener.wake_at()  # a notification kept back by the debounce
+        if kept is not None:
+            wake = min(wake, kept)
         if self.coalesce_until > now:
             time.sleep(min(self.coalesce_until, wake) - now)
             now = time.monotonic()
@@ -244,10 +250,7 @@ class Supervisor:
                 self.presence.mark_changed()  # most likely SIGCHLD: a child came or went
                 tick = True
             elif key.data == _LISTENER:
-                self.read_listener()
-                tick = True
-            elif key.data == _METRICS and self.metrics_server is not None:
-                self.metrics_server.handle()
+                tick = self.read_listener() or tick
             elif key.data == _DISPATCH:
                 self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
             else:
@@ -256,6 +259,9 @@ class Supervisor:
                 if not dispatching(self.settings):
                     # Workers that lease for themselves only report: their lines may wait.
                     self.coalesce_until = time.monotonic() + COALESCE
+        if self.listener.due():
+            self.arbiter.on_notify()
+            tick = True
         # Workers that wait for their next step wait for this: answered before anything else.
         self.dispatcher.flush(self.arbiter)
         signals, self.pending_signals = self.pending_signals, []
@@ -317,7 +323,6 @@ class Supervisor:
                 f"{exc.strerror or exc}: choose another [metrics] port (0 picks a free one) "
                 "or bind, or set [metrics] enabled = false"
             ) from None
-        self.selector.register(self.metrics_server.fileno(), selectors.EVENT_READ, _METRICS)
 
     # --- notifications ------------------------------------------------------------------------
 
@@ -342,15 +347,19 @@ class Supervisor:
                 self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
 
-    def read_listener(self) -> None:
+    def read_listener(self) -> bool:
+        """Whether the tick has work: a revocation check due, or notifications lost."""
         try:
             if self.listener.drain():
                 self.arbiter.on_notify()
+                return True
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost: %s", exc)
             self.unwatch(self.listener.fileno())
             self.listener.close()
             self.arbiter.set_notifications(False)
+            return True
+        return False  # nothing, or a notification the debounce keeps for later
 
     # --- reload -------------------------------------------------------------------------------
 

@@ -98,7 +98,8 @@ def test_a_server_whose_binaries_were_deleted_is_replaced_and_testenv_leaks_noth
     where = "from cyclone import embedded; print(embedded.default_test_data_dir())"
     data = Path(subprocess.check_output([sys.executable, "-c", where], env=environ, text=True))
     data = Path(str(data).strip())
-    assert data.parent == tmpdir
+    assert data.parent.parent == tmpdir  # in this user's private directory there
+    embedded.private_dir(data.parent)
     bin_path = copy_of_our_binaries(short_tmp / "venv-of-a-ci-clone")
     broken = start_from(bin_path, data, embedded.installed_version())
     shutil.rmtree(short_tmp / "venv-of-a-ci-clone")  # the clone's venv goes; its server stays

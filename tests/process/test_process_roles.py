@@ -107,7 +107,11 @@ def test_the_printed_grants_let_each_role_do_its_job_and_nothing_more(
         client.cancel(cancelled)
     assert "permission denied" not in sup.log()
     with psycopg.connect(runtime, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
-        assert engine.sweep_retention(conn, retention=0.0) == 6  # through the function only
+        # Through the function only, and never the last day's runs, whatever it asks for.
+        assert engine.sweep_retention(conn, retention=0.0) == 0
+        conn.execute("UPDATE cyclone_runs SET finished_at = now() WHERE finished_at IS NOT NULL")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # nor moved into the past
+            conn.execute("UPDATE cyclone_runs SET finished_at = 'epoch' WHERE finished_at < now()")
     for statement in (
         "CREATE TABLE sneaky (id int)",
         "DROP TABLE cyclone_runs",
