@@ -31,7 +31,7 @@ from cyclone.engine import (
     lease_step,
     start_child,
 )
-from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease
+from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, child_concurrency
 from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
@@ -124,6 +124,12 @@ def execute(
                 )
         elif lease.kind == NodeKind.CHILD:
             value = _child_input(node, ctx)
+            try:
+                # A child under a concurrency limit needs its key: checked here, where a bad
+                # input fails the node (not retried), not as the child is recorded.
+                child_concurrency(conn, node.spec.child or "", value)
+            except ValueError as exc:
+                return Outcome.failed(f"child {node.spec.child}: {exc}", retry=False)
         else:
             value = _call(node, ctx)
     except PermanentError as exc:

@@ -29,7 +29,7 @@ from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.engine.runs import fail_run, submit_runs
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
-from cyclone.workflow import Graph, NodeSpec
+from cyclone.workflow import Graph, NodeSpec, concurrency_key
 
 Conn = psycopg.Connection[Any]
 
@@ -471,6 +471,12 @@ def start_child(
             ).fetchone()
             if row is None:
                 return None
+            keyed = child_concurrency(conn, child_workflow, child_input)
+            if keyed is not None:
+                # As a client's submit: the key's lock in a statement before the count.
+                conn.execute(
+                    QUERIES["concurrency_lock"], {"workflow": graph.workflow, "ckeys": [keyed[0]]}
+                )
             submit_runs(
                 conn,
                 graph.workflow,
@@ -480,10 +486,22 @@ def start_child(
                 [graph.nodes[n] for n in graph.roots],
                 parent=(lease.run_id, lease.step_id),
                 now=now,
+                ckeys=[keyed[0]] if keyed else None,
+                climit=keyed[1] if keyed else None,
             )
             return child_id
 
     return retrying(tx)
+
+
+def child_concurrency(conn: Conn, workflow: str, child_input: Any) -> tuple[str, int] | None:
+    """A child run's concurrency key and limit, when its workflow has a limit keyed by an input
+    field (as registered: a key computed in code is known only to the submitting client, and
+    such a child run is not counted). A child input without the field fails the node."""
+    row = conn.execute(QUERIES["workflow_get"], {"workflow": workflow}).fetchone()
+    if row is None or row["concurrency_limit"] is None or row["concurrency_field"] is None:
+        return None
+    return concurrency_key(row["concurrency_field"], child_input), row["concurrency_limit"]
 
 
 def release_step(conn: Conn, step_id: int, token: str, *, now: datetime | None = None) -> bool:

@@ -75,6 +75,14 @@ SELECT 'runs', state, count(*)
 UNION ALL
 SELECT 'runs', 'queued', count(*) FROM cyclone_runs WHERE state = 'queued'
 UNION ALL
+-- Steps held back by a node's limits (cyclone_steps_held_idx), by the limit that holds them:
+-- a rate limiter's name, else the node.
+SELECT 'throttled',
+       CASE WHEN rate_limit IS NOT NULL THEN 'rate:' || rate_limit
+            ELSE 'concurrency:' || workflow || '/' || node END,
+       count(*)
+  FROM cyclone_steps WHERE held GROUP BY 2
+UNION ALL
 SELECT 'due', 'steps', due FROM due
 UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due

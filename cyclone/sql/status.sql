@@ -173,3 +173,41 @@ SELECT id, workflow, paused_at, deadline_at,
 -- name: status_begin
 -- The first statement of a snapshot's transaction: every section sees the same moment.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY;
+
+-- name: limits_keys
+-- `cyclone limits`: runs per key of workflows with a concurrency limit, the busiest keys first:
+-- active (running, or paused after it started) and queued. Live runs only (pass > 0, the
+-- index of each group's live runs), at most %(limit)s keys.
+SELECT workflow, concurrency_key AS key, max(concurrency_limit) AS "limit",
+       count(*) FILTER (WHERE NOT queued) AS active, count(*) FILTER (WHERE queued) AS queued
+  FROM cyclone_runs
+ WHERE pass > 0 AND concurrency_limit IS NOT NULL
+ GROUP BY workflow, concurrency_key
+ ORDER BY count(*) FILTER (WHERE queued) DESC, workflow, concurrency_key
+ LIMIT %(limit)s;
+
+-- name: limits_nodes
+-- `cyclone limits`: nodes with a concurrency limit that have steps in play: the slots in use
+-- (steps available or running) and the steps held for one, through the two partial indexes.
+SELECT workflow, node, max(node_limit) AS "limit",
+       count(*) FILTER (WHERE NOT held) AS in_use, count(*) FILTER (WHERE held) AS held
+  FROM (SELECT workflow, node, node_limit, false AS held FROM cyclone_steps
+         WHERE node_limit IS NOT NULL AND state IN ('available', 'running')
+        UNION ALL
+        SELECT workflow, node, node_limit, true FROM cyclone_steps
+         WHERE held AND node_limit IS NOT NULL) AS s
+ GROUP BY workflow, node
+ ORDER BY workflow, node
+ LIMIT %(limit)s;
+
+-- name: limits_rates
+-- `cyclone limits`: each limiter, its buckets' tokens now (refilled to this moment; below 0:
+-- given ahead of their refill) and the steps held for a token.
+SELECT l.name, l.rate, l.per, l.burst, b.key,
+       CASE WHEN b.key IS NOT NULL THEN least(l.burst, b.tokens + greatest(
+            extract(epoch FROM now() - b.updated_at), 0) * l.rate / l.per) END AS tokens,
+       (SELECT count(*) FROM cyclone_steps s WHERE s.held AND s.rate_limit = l.name) AS held
+  FROM cyclone_rate_limits l
+  LEFT JOIN cyclone_rate_buckets b ON b.name = l.name
+ ORDER BY l.name, b.key
+ LIMIT %(limit)s;

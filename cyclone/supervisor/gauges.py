@@ -38,8 +38,8 @@ MAX_DUE_COUNT = 10_000
 # A supervisor not seen for this long no longer counts as serving its workflows (the same
 # threshold after which `cyclone status` calls it lost).
 LOST_AFTER = 10.0
-# Runs that are not finished; `cyclone_runs_active{state}` always has both series.
-ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value)
+# Runs that are not finished; `cyclone_runs_active{state}` always has these series.
+ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value, RunState.QUEUED.value)
 # Every error kind is a possible DLQ reason; each series exists (at 0) from the first scrape,
 # so that alerts on `increase()` work for the first dead step too.
 # (`cancelled` marks discarded steps, never dead ones.)
@@ -62,6 +62,7 @@ class Reading:
     due: int = 0
     oldest_due_age: float = 0.0
     unserved: dict[str, int] = field(default_factory=dict)
+    throttled: dict[str, int] = field(default_factory=dict)  # "kind:limit" -> held steps
     ages: dict[str, float] = field(default_factory=dict)  # metrics_database_age, by metric
 
 
@@ -114,7 +115,8 @@ class DatabaseGauges(Collector):
                 else:
                     reading.oldest_due_age = float(value)
                 continue
-            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved}
+            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved,
+                      "throttled": reading.throttled}  # fmt: skip
             target[metric][label] = int(value)
         reading.ages = {row["metric"]: float(row["value"]) for row in ages}
         self.reading = reading
@@ -158,11 +160,22 @@ class DatabaseGauges(Collector):
             # Any client may register a workflow name: the series are capped (labels.py).
             for workflow, count in top(reading.unserved, MAX_WORKFLOWS):
                 unserved.add_metric([workflow], count)
+        throttled = GaugeMetricFamily(
+            "cyclone_steps_throttled",
+            "Steps held back by a node's limit: kind concurrency (limit: workflow/node) or rate "
+            "(limit: the limiter)",
+            labels=["kind", "limit"],
+        )  # fmt: skip
+        if reading.up:
+            for label, count in top(reading.throttled, MAX_WORKFLOWS):
+                kind, _, limit = label.partition(":")
+                throttled.add_metric([kind or "other", limit or label], count)
         yield dlq
         yield runs
         yield due
         yield oldest
         yield unserved
+        yield throttled
         # What bloat and wraparound come from: alerts.yml fires on both.
         for name, key, text in AGE_GAUGES:
             family = GaugeMetricFamily(name, text)

@@ -4,6 +4,7 @@ be cancelled, paused and resumed, and fail by their deadline like any other run.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -52,7 +53,10 @@ def c(ctx):
 
 coded.wait("go", after=[c])
 
-ALL = [sync, pair, coded]
+parent = cyclone.Workflow("ck-parent")
+parent.child("kid", sync, input=lambda ctx: ctx.input)
+
+ALL = [sync, pair, coded, parent]
 
 
 def states(env: TestEnv, run_ids: list[str]) -> list[str]:
@@ -282,3 +286,44 @@ def test_keyed_runs_keep_their_limit_whatever_happens(env: TestEnv) -> None:
         max_examples=25, stateful_step_count=15, deadline=None, derandomize=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     ))  # fmt: skip
+
+
+def test_cyclone_limits_and_runs_state_queued_show_the_queue(
+    env: TestEnv, capsys: pytest.CaptureFixture[str]
+):
+    from cli_support import run_cli
+
+    env.register(*ALL)
+    runs = env.client.submit_many(sync, [{"account": "acct-7"}] * 3)
+    env.run_until_idle()
+    r = run_cli(capsys, env, "limits", "--json")
+    assert r.code == 0
+    doc = json.loads(r.out)
+    assert doc["keys"] == [
+        {"workflow": sync.name, "key": "acct-7", "limit": 1, "active": 1, "queued": 2}
+    ]
+    r = run_cli(capsys, env, "limits")
+    assert r.code == 0 and "acct-7" in r.out and "Runs per key" in r.out
+    r = run_cli(capsys, env, "runs", "--state", "queued", "--json")
+    assert r.code == 0
+    assert sorted(row["id"] for row in json.loads(r.out)) == sorted(runs[1:])
+
+
+def test_a_child_run_counts_against_its_workflows_limit_and_a_keyless_input_fails_the_node(
+    env: TestEnv,
+):
+    env.register(*ALL)
+    direct = env.client.submit(sync, {"account": "A"})
+    via_parent = env.client.submit(parent, {"account": "A"})
+    env.run_until_idle()
+    [child] = [s.id for s in env.client.steps(via_parent) if s.node == "kid"]
+    child_run = env.conn.execute(
+        "SELECT child_run_id::text AS id FROM cyclone_steps WHERE id = %s", (child,)
+    ).fetchone()["id"]
+    assert states(env, [direct, child_run]) == ["running", "queued"]
+    finish(env, direct)
+    assert states(env, [child_run]) == ["running"]
+    keyless = env.client.submit(parent, {"no": "key"})
+    status = env.run_until_complete(keyless)
+    assert status.state == RunState.FAILED
+    assert "the input has no field 'account'" in (status.error or "")

@@ -5,6 +5,7 @@ them, and admitted as slots free and tokens refill."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -173,3 +174,23 @@ def test_a_bad_rate_limit_is_refused_and_writes_nothing(env: TestEnv, kwargs):
     with pytest.raises(ValueError):
         env.client.set_rate_limit("nl-bad", **kwargs)
     assert env.conn.execute("SELECT count(*) AS n FROM cyclone_rate_limits").fetchone()["n"] == 0
+
+
+def test_cyclone_limits_shows_slots_in_use_held_steps_and_buckets(
+    env: TestEnv, capsys: pytest.CaptureFixture[str]
+):
+    from cli_support import run_cli
+
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-smtp", rate=1, per=timedelta(hours=1), burst=1)
+    env.client.submit_many(narrow, [None] * 5)
+    env.client.submit_many(mailer, [None] * 3)
+    r = run_cli(capsys, env, "limits", "--json")
+    assert r.code == 0
+    doc = json.loads(r.out)
+    assert {"workflow": narrow.name, "node": "only_two", "limit": 2, "in_use": 2,
+            "held": 3} in doc["nodes"]  # fmt: skip
+    [smtp] = [b for b in doc["rates"] if b["name"] == "nl-smtp"]
+    assert smtp["held"] == 2 and smtp["key"] == "" and smtp["tokens"] < 0.01
+    r = run_cli(capsys, env, "limits")
+    assert r.code == 0 and "nl-narrow/only_two" in r.out and "nl-smtp" in r.out
