@@ -2,7 +2,7 @@
 
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
-                            [--only throughput,kills,memory,respawns,cpu] [--strip]
+                            [--only throughput,kills,memory,respawns,cpu,flow] [--strip]
                             [--dispatch true|false|true,false] [--baseline two|one]
                             [--dsn DSN]
 
@@ -20,6 +20,9 @@
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
   + timeout (all on the database clock, which is this host's) to the worker process seen dead
   in /proc (gone or a zombie), polled every millisecond.
+* flow (only when asked for): 1-step drains with flow control beside the same drain with no
+  limits, in one run: limits declared but never binding, and Concurrency(limit=1) over 100
+  keys (docs/flow-control.md); the ratio is to the no-limit drain of the same rep.
 * cpu (only when asked for): where a step's CPU goes, in microseconds a step, for one drain of
   each config: the PostgreSQL server (the postmaster and every backend, reaped ones included)
   and each kind of process of ours (baseline clients; cyclone workers, supervisor, scanner),
@@ -72,6 +75,20 @@ DISPATCH = "true"
 BASELINE = "baseline"
 
 bench_1step, bench_5step = SHAPES[1], SHAPES[5]
+
+# Flow-controlled 1-step drains (--only flow), each beside the same drain with no limits:
+# limits declared but not binding (a per-key limit no key reaches, a node limit and a rate
+# limit far above the drain), and a binding per-key limit of 1 over FLOW_KEYS keys.
+FLOW_KEYS = 100
+bench_declared = cyclone.Workflow(
+    "bench_declared", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
+)
+bench_declared.task(
+    engine._noop, name="s1", concurrency=1_000_000, rate_limit="bench-unbound"
+)
+bench_keyed = cyclone.Workflow("bench_keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
+bench_keyed.task(engine._noop, name="s1")
+FLOWS = {"none": bench_1step, "declared": bench_declared, "keyed": bench_keyed}
 
 
 def _hang(ctx: cyclone.StepContext) -> None:
@@ -232,6 +249,47 @@ def throughput_reps(
                   f" {sup:,.0f}/s, baseline {rate:,.0f}/s, ratio {sup / rate:.2f}",
                   flush=True)  # fmt: skip
     return results
+
+
+def flow_drain(base: str, steps: int, workers: int, flow: str) -> float:
+    """Steps/s of a supervisor draining `steps` 1-step runs of FLOWS[flow], submitted through
+    the public API (keys 0..FLOW_KEYS-1 in turn), never analyzed."""
+    wf = FLOWS[flow]
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        with cyclone.Client(env.dsn) as client:  # closed (pool threads joined) before any fork
+            client.set_rate_limit("bench-unbound", rate=1e9, per=1.0, burst=1e9)
+            for start in range(0, steps, engine.BATCH):
+                n = min(engine.BATCH, steps - start)
+                client.submit_many(wf, [{"k": (start + i) % FLOW_KEYS} for i in range(n)])
+        offset = clock_offset(env)
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            wait_completed(env, sup, steps, 0.2)
+            last = scalar(env, LAST_FINISH)
+            elapsed = last - (sup.ready_wall + offset)
+        finally:
+            sup.stop()
+    return steps / elapsed
+
+
+def flow_reps(base: str, steps: int, workers: list[int], reps: int) -> None:
+    """Each flow beside the no-limit drain, reps interleaved; medians of the per-rep ratios."""
+    ratios: dict[tuple[str, int], list[float]] = {}
+    rates: dict[tuple[str, int], list[float]] = {}
+    for rep in range(reps):
+        for n in workers:
+            order = list(FLOWS) if rep % 2 == 0 else list(reversed(FLOWS))
+            got = {flow: flow_drain(base, steps, n, flow) for flow in order}
+            for flow, rate in got.items():
+                rates.setdefault((flow, n), []).append(rate)
+                ratios.setdefault((flow, n), []).append(rate / got["none"])
+            print(f"  rep {rep + 1}/{reps} N={n}: "
+                  + ", ".join(f"{f} {r:,.0f}/s" for f, r in got.items()), flush=True)
+    print(f"\nMedians over {reps} reps; ratio to the same drain with no limits (min-max)")
+    for (flow, n), values in ratios.items():
+        print(f"{flow:>9} N={n}: {statistics.median(rates[(flow, n)]):>7,.0f}/s"
+              f"  ratio {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})",
+              flush=True)  # fmt: skip
 
 
 # -- where the CPU goes -----------------------------------------------------------------------
@@ -487,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
                   f" {statistics.median(b for _, b in pairs):>8,.0f}/s"
                   f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
                   flush=True)  # fmt: skip
+    if "flow" in only:
+        print(f"\nFlow control, {args.steps} no-op 1-step runs per drain, submitted through "
+              f"the API ({FLOW_KEYS} keys): declared = limits that never bind, keyed = "
+              "Concurrency(limit=1) per key")  # fmt: skip
+        flow_reps(base, args.steps, [int(n) for n in args.workers.split(",")], args.reps)
     if "cpu" in only:
         stripped = " (cyclone stripped)" if args.strip else ""
         print(
