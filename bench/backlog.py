@@ -9,7 +9,9 @@ submitted through `Client.submit_many` in batches of 1,000 (timed: runs/s), then
 last run's `finished_at` on the database clock. Nothing is vacuumed or analyzed by the bench:
 what a user who submits a burst and starts the supervisor gets. Shapes: `1` and `5` are no-op
 chains of that many steps (one run each), `map` is one task fanning out to 1,000 no-op items
-(a size counts steps, so size / 1,001 runs).
+(a size counts steps, so size / 1,001 runs); `keyed` and `declared` are runtime.py's
+flow-controlled one-step workflows (a Concurrency limit of 1 over 100 keys; limits that
+never bind).
 
 `--stale H,B`: the burst after a quiet period. H steps of finished history are made (submitted,
 then marked completed in one statement, as a drained queue leaves them) and analyzed with the
@@ -31,7 +33,15 @@ from pathlib import Path
 from typing import Any
 
 from engine import SHAPES, revision
-from runtime import ANY_ACTIVE, LAST_FINISH, Supervisor, clock_offset, scalar
+from runtime import (
+    ANY_ACTIVE,
+    FLOW_KEYS,
+    FLOWS,
+    LAST_FINISH,
+    Supervisor,
+    clock_offset,
+    scalar,
+)
 
 import cyclone
 from cyclone.client import Client
@@ -59,6 +69,8 @@ def workflow(shape: str) -> tuple[cyclone.Workflow, int]:
     """The workflow of a shape and its steps per run."""
     if shape == "map":
         return bench_map, MAP_ITEMS + 1
+    if shape in ("keyed", "declared"):
+        return FLOWS[shape], 1
     return SHAPES[int(shape)], int(shape)
 
 
@@ -66,8 +78,14 @@ def submit(env: TestEnv, wf: cyclone.Workflow, runs: int) -> float:
     """Submit `runs` runs through the public API; returns runs/s."""
     start = time.perf_counter()
     with Client(env.dsn) as client:
+        client.set_rate_limit("bench-unbound", rate=1e9, per=1.0, burst=1e9)
         for first in range(0, runs, BATCH):
-            client.submit_many(wf, [None] * min(BATCH, runs - first))
+            n = min(BATCH, runs - first)
+            # The flow shapes' key (FLOW_KEYS keys in turn); the others' input stays null.
+            keyed = wf in FLOWS.values()
+            client.submit_many(
+                wf, [{"k": (first + i) % FLOW_KEYS} if keyed else None for i in range(n)]
+            )
     return runs / (time.perf_counter() - start)
 
 
@@ -165,7 +183,11 @@ def report(rows: list[dict[str, Any]]) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000,10000,100000", help="steps per burst")
-    p.add_argument("--shapes", default="1,5,map", help="1, 5 and/or map")
+    p.add_argument(
+        "--shapes", default="1,5,map",
+        help="1, 5, map, and the flow-controlled keyed (Concurrency limit 1 over 100 keys) "
+        "and declared (limits that never bind)",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--reps", type=int, default=1, help="drains per size (median reported)")
     p.add_argument("--stale", default="", help="H,B: B runs after H steps of analyzed history")

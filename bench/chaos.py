@@ -135,6 +135,19 @@ fan.map(_work, items=_five, name="item", max_attempts=ATTEMPTS)
 fan.task(_work, name="join", after=["item"], max_attempts=ATTEMPTS)
 one = cyclone.Workflow("chaos-one")
 one.task(_work, name="s1", max_attempts=ATTEMPTS)
+# Flow control: runs per key (one at a time per key, a 2-step chain), steps per node (2 at
+# once) and a rate limit (RATE tokens a second, BURST saved up); `check` replays the ledger
+# against each limit.
+KEYS = 3
+keyed = cyclone.Workflow("chaos-keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
+keyed.task(_work, name="k1", max_attempts=ATTEMPTS)
+keyed.task(_work, name="k2", after=["k1"], max_attempts=ATTEMPTS)
+NODE_LIMIT = 2
+narrow = cyclone.Workflow("chaos-narrow")
+narrow.task(_work, name="n1", concurrency=NODE_LIMIT, max_attempts=ATTEMPTS)
+RATE, BURST = 4.0, 2.0
+rated = cyclone.Workflow("chaos-rated")
+rated.task(_quick, name="r1", rate_limit="chaos-rate", max_attempts=ATTEMPTS)
 quick = cyclone.Workflow("chaos-quick")
 _prev = None
 for _i in range(1, 11):
@@ -376,12 +389,14 @@ class Chaos:
     def submit(self, n: int) -> None:
         from cyclone.client import Client
 
-        kind = self.rng.choice(["chain", "fan", "quick"])
+        kind = self.rng.choice(["chain", "fan", "quick", "keyed", "narrow", "rated"])
         deadline = None
         if self.rng.random() < 0.07:
             kind, deadline = "chain-deadline", self.rng.uniform(2.0, 4.0)
-        wf = {"fan": fan, "quick": quick}.get(kind, chain)
-        spec = {"dir": str(self.tmp), "seed": self.seed, "fail": 0.12, "span": (0.2, 1.5)}
+        wf = {"fan": fan, "quick": quick, "keyed": keyed, "narrow": narrow,
+              "rated": rated}.get(kind, chain)  # fmt: skip
+        spec = {"dir": str(self.tmp), "seed": self.seed, "fail": 0.12, "span": (0.2, 1.5),
+                "k": n % KEYS}  # fmt: skip
         key = f"chaos-{self.seed}-{n}"
         while True:  # the database may be restarting: retry (the key makes it once)
             try:
@@ -614,7 +629,7 @@ class Chaos:
 
     def unfinished(self) -> int:
         rows = self.db.maybe(
-            "SELECT count(*) FROM cyclone_runs WHERE state IN ('running', 'paused')"
+            "SELECT count(*) FROM cyclone_runs WHERE state IN ('running', 'paused', 'queued')"
         )
         return rows[0][0] if rows is not None else 1
 
@@ -634,7 +649,7 @@ CHECKS = {
         SELECT count(*) FROM unnest(%(ids)s::uuid[]) i WHERE NOT EXISTS
           (SELECT 1 FROM cyclone_runs r WHERE r.id = i)""",
     "runs not terminal": """
-        SELECT count(*) FROM cyclone_runs WHERE state IN ('running', 'paused')""",
+        SELECT count(*) FROM cyclone_runs WHERE state IN ('running', 'paused', 'queued')""",
     "live steps in ended runs": """
         SELECT count(*) FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
          WHERE r.state IN ('completed', 'failed', 'cancelled')
@@ -642,7 +657,7 @@ CHECKS = {
     "completed steps without exactly one effect of their attempt": """
         SELECT count(*) FROM cyclone_steps s
          WHERE s.state = 'completed' AND (s.kind = 'task' OR s.item_index IS NOT NULL)
-           AND s.workflow <> 'chaos-quick'
+           AND s.workflow NOT IN ('chaos-quick', 'chaos-rated')
            AND ((SELECT count(*) FROM chaos_effects e WHERE e.step_id = s.id) <> 1
                 OR NOT EXISTS (SELECT 1 FROM chaos_effects e
                                 WHERE e.step_id = s.id AND e.attempt = s.attempt))""",
@@ -693,6 +708,9 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     ledger = read_ledger(chaos.tmp)
     found = overlaps(ledger)
     violations["overlapping attempts"] = len(found)
+    exceeded = limits_exceeded(db, ledger, chaos.cancelled)
+    violations["flow-control limits exceeded"] = len(exceeded)
+    found = found + exceeded
     attempts = db.rows("""
         SELECT count(*), coalesce(sum(attempt - 1), 0), count(*) FILTER (WHERE attempt > 1),
                (SELECT count(*) FROM chaos_effects), max(attempt)
@@ -712,6 +730,60 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     }
     db.conn.close()
     return violations, figures
+
+
+def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list[str]:
+    """Every flow-control limit replayed against the attempts' start and end times (the
+    ledger: the host's monotonic clock, as the handlers wrote it). A cancelled run's handler
+    may outlive its revoked lease by the kill grace, holding nothing: left out.
+
+    * runs per key: no two runs of a key have attempts that overlap;
+    * steps per node: never more than NODE_LIMIT attempts of chaos-narrow at once;
+    * the rate limit: replaying the attempts' starts through a bucket of BURST tokens refilled
+      at RATE a second, no start finds less than one token (less a twentieth, for the time
+      between the database's clock that gives a token and the handler's first ledger line).
+    """
+    rows = db.rows("""
+        SELECT s.id, s.workflow, r.id::text, coalesce(r.concurrency_key, '')
+          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+         WHERE s.workflow IN ('chaos-keyed', 'chaos-narrow', 'chaos-rated')""")  # fmt: skip
+    steps = {sid: (wf, run, key) for sid, wf, run, key in rows if run not in cancelled}
+    spans: dict[str, list[tuple[float, float, str]]] = {}
+    for sid, attempts in ledger.items():
+        if sid not in steps:
+            continue
+        wf, run, key = steps[sid]
+        for first, last, _pid in attempts.values():
+            group = wf if wf != "chaos-keyed" else f"key {key}"
+            spans.setdefault(group, []).append((first, last, run))
+    found = []
+    for group, items in spans.items():
+        if group.startswith("key "):
+            # An attempt that starts before the latest end so far, of another run, overlaps.
+            end, owner = float("-inf"), ""
+            for start, stop, run in sorted(items):
+                if start < end and run != owner:
+                    found.append(f"{group}: runs {owner} and {run} overlap at {start:.3f}")
+                if stop > end:
+                    end, owner = stop, run
+        elif group == "chaos-narrow":
+            edges = sorted([(s, 1) for s, _, _ in items] + [(e, -1) for _, e, _ in items])
+            held = 0
+            for at, delta in edges:
+                held += delta
+                if held > NODE_LIMIT:
+                    found.append(f"chaos-narrow: {held} attempts at once at {at:.3f}")
+                    break
+        elif group == "chaos-rated":
+            tokens, last = BURST, None
+            for start in sorted(s for s, _, _ in items):
+                if last is not None:
+                    tokens = min(BURST, tokens + (start - last) * RATE)
+                last, tokens = start, tokens - 1
+                if tokens < -0.05 * RATE:
+                    found.append(f"chaos-rated: a start at {start:.3f} found no token")
+                    break
+    return found
 
 
 def kills_in_logs(sups: list[Supervisor]) -> dict[str, int]:
@@ -763,6 +835,8 @@ def chaos_main(plan: Plan, seed: int, keep: bool) -> int:
     try:
         with connect(server.dsn) as conn:
             migrate(server.dsn)
+            with cyclone.Client(server.dsn, pool_size=1) as client:
+                client.set_rate_limit("chaos-rate", rate=RATE, per=1.0, burst=BURST)
             conn.execute("CREATE TABLE chaos_effects (step_id bigint NOT NULL,"
                          " attempt int NOT NULL, pid int NOT NULL)")  # fmt: skip
             conn.execute("CREATE INDEX ON chaos_effects (step_id)")

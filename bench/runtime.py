@@ -156,7 +156,10 @@ def dead(pid: int) -> bool:
 COMPLETED = "SELECT count(*) FROM cyclone_runs WHERE state = 'completed'"
 LAST_FINISH = "SELECT extract(epoch FROM max(finished_at))::float8 FROM cyclone_runs"
 # Reads the partial index of active runs and stops at the first live entry.
-ANY_ACTIVE = "SELECT EXISTS (SELECT 1 FROM cyclone_runs WHERE state IN ('running', 'paused'))"
+ANY_ACTIVE = (
+    "SELECT EXISTS (SELECT 1 FROM cyclone_runs WHERE state IN ('running', 'paused'))"
+    " OR EXISTS (SELECT 1 FROM cyclone_runs WHERE state = 'queued')"
+)
 
 
 def wait_completed(
