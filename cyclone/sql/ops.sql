@@ -75,13 +75,14 @@ SELECT 'runs', state, count(*)
 UNION ALL
 SELECT 'runs', 'queued', count(*) FROM cyclone_runs WHERE state = 'queued'
 UNION ALL
--- Steps held back by a node's limits (cyclone_steps_held_idx), by the limit that holds them:
--- a rate limiter's name, else the node.
+-- Steps held back by a node's limits, by the limit that holds them (a rate limiter's name,
+-- else the node; two nodes of one limiter give a row each, which the reader adds up), counted
+-- up to the cap (cyclone_held_counts).
 SELECT 'throttled',
-       CASE WHEN rate_limit IS NOT NULL THEN 'rate:' || rate_limit
-            ELSE 'concurrency:' || workflow || '/' || node END,
-       count(*)
-  FROM cyclone_steps WHERE held GROUP BY 2
+       CASE WHEN h.rate_limit IS NOT NULL THEN 'rate:' || h.rate_limit
+            ELSE 'concurrency:' || h.workflow || '/' || h.node END,
+       h.held
+  FROM cyclone_held_counts(%(cap)s) AS h
 UNION ALL
 SELECT 'due', 'steps', due FROM due
 UNION ALL

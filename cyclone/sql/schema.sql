@@ -670,6 +670,21 @@ BEGIN
 END
 $$;
 
+-- Held steps by node, counted up to `cap` (the metrics' cyclone_steps_throttled), by a walk of
+-- cyclone_steps_held_idx in its order: grouped without a sort, whatever the statistics say.
+CREATE FUNCTION cyclone_held_counts(cap integer)
+RETURNS TABLE (workflow text, node text, rate_limit text, held bigint)
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+    SELECT h.workflow, h.node, max(h.rate_limit), count(*)
+      FROM (SELECT s.workflow, s.node, s.rate_limit FROM cyclone_steps s WHERE s.held
+             ORDER BY s.workflow, s.node LIMIT greatest(cap, 0)) AS h
+     GROUP BY h.workflow, h.node
+$$;
+
 -- A new step of a limited node is held until admitted; so is one made available again other
 -- than by a planned stop giving it back: a retry of a rate-limited step (each attempt takes a
 -- token) and a step re-driven from the DLQ. A step that keeps its slot (a retry of a node

@@ -115,8 +115,10 @@ class DatabaseGauges(Collector):
                 else:
                     reading.oldest_due_age = float(value)
                 continue
-            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved,
-                      "throttled": reading.throttled}  # fmt: skip
+            if metric == "throttled":  # nodes of one limiter: one row each, added up
+                reading.throttled[label] = reading.throttled.get(label, 0) + int(value)
+                continue
+            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved}
             target[metric][label] = int(value)
         reading.ages = {row["metric"]: float(row["value"]) for row in ages}
         self.reading = reading

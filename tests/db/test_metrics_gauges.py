@@ -125,3 +125,34 @@ def test_the_oldest_open_transaction_and_the_xid_age_are_exported_from_one_cheap
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["metrics_database_age"]
         ).fetchone()["QUERY PLAN"][0]["Plan"]
         assert plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0) <= 4, plan
+
+
+keyed = cyclone.Workflow("gauge-keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
+keyed.wait("go")
+held = cyclone.Workflow("gauge-held")
+
+
+@held.task(concurrency=1)
+def one_at_a_time(ctx: cyclone.StepContext) -> None:
+    return None
+
+
+@held.task(rate_limit="gauge-limiter", after=["one_at_a_time"])
+def rated(ctx: cyclone.StepContext) -> None:
+    return None
+
+
+def test_queued_runs_and_throttled_steps_are_gauges() -> None:
+    with TestEnv(workflows=[keyed, held]) as env:
+        env.client.submit_many(keyed, [{"k": 1}] * 3)
+        env.client.submit_many(held, [None] * 4)  # one slot: 3 held for it
+        gauges = DatabaseGauges(lambda: connect_briefly(env.dsn), clock=FakeClock())
+        text = scrape(gauges)
+        assert 'cyclone_runs_active{state="queued"} 2.0' in text
+        assert (
+            'cyclone_steps_throttled{kind="concurrency",limit="gauge-held/one_at_a_time"} 3.0'
+            in text
+        )
+        env.run_until_idle()  # the undeclared limiter holds every rated step
+        text = scrape(DatabaseGauges(lambda: connect_briefly(env.dsn), clock=FakeClock()))
+        assert 'cyclone_steps_throttled{kind="rate",limit="gauge-limiter"} 4.0' in text

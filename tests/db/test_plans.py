@@ -39,8 +39,8 @@ BOUND = 150
 # 20,000 dead entries in cyclone_steps_ready_idx, not yet marked dead (completed in one
 # statement), walked once. Its entries (priority, pass, id, available_at) are wider than
 # the (available_at, id) the lease walked before migration 14: 133 pages where that was 120
-# (and the prepared lease, which may walk them before a scan marked them, up to 193 in all).
-HISTORY_PREFIX = 60
+# (and the prepared lease, which may walk them before a scan marked them, up to 213 in all).
+HISTORY_PREFIX = 80
 LEASES = {"step_lease", "step_complete_chain", "step_complete_last", "steps_dispatch"}
 # Rows a scan may read (return, or drop by a filter): a plan that walks the backlog reads
 # thousands, though on a small dense index that costs few buffers.

@@ -167,8 +167,16 @@ def test_v_runs_has_no_error_kind_and_v_steps_has_completed_at_for_discarded(env
     assert "discarded_at" not in steps_cols
 
 
-@pytest.mark.parametrize("deadline", [None, 0, timedelta(0), -5, timedelta(minutes=-1)])
-def test_no_zero_or_negative_deadline_means_no_deadline(env: TestEnv, deadline):
+@pytest.mark.parametrize("deadline", [-5, timedelta(minutes=-1), -0.001])
+def test_a_negative_deadline_is_refused_and_writes_nothing(env: TestEnv, deadline):
+    # Every run is bounded: a deadline that could be read as "none" must not fail open.
+    with pytest.raises(ValueError, match="run_deadline: must not be negative"):
+        env.client.submit(parks, {}, run_deadline=deadline)
+    assert env.conn.execute("SELECT count(*) AS n FROM cyclone_runs").fetchone()["n"] == 0
+
+
+@pytest.mark.parametrize("deadline", [None, 0, timedelta(0)])
+def test_no_deadline_or_a_zero_one_means_no_deadline(env: TestEnv, deadline):
     run_id = env.client.submit(parks, {}, run_deadline=deadline)
     assert env.client.get_run(run_id).deadline_at is None
     env.run_until_idle()

@@ -47,6 +47,7 @@ EXTRA_METRICS = {
     "cyclone_db_oldest_xact_age_seconds",
     "cyclone_db_xid_age",
     "cyclone_dispatch_batch_steps",
+    "cyclone_steps_throttled",
 }
 HISTOGRAMS = {"cyclone_step_duration_seconds", "cyclone_dispatch_batch_steps"}
 _NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
