@@ -124,6 +124,7 @@ def workers(session: Session, args: argparse.Namespace) -> int:
                 Column("supervisor"),
                 Column("state"),
                 Column("workers"),
+                Column("queues", drop=3),
                 Column("up", drop=2),
                 Column("last seen", drop=1),
             ],
@@ -133,6 +134,7 @@ def workers(session: Session, args: argparse.Namespace) -> int:
                     "lost" if s["lost"] else s["state"],
                     f"{sum(w['supervisor_id'] == s['id'] for w in snap.workers)} "
                     f"(target {s['workers_target']})",
+                    "every" if s.get("queues") is None else ", ".join(s["queues"]) or "none",
                     seconds(s["up_for"]),
                     f"{seconds(s['seen_ago'])} ago",
                 )

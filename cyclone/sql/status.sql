@@ -48,10 +48,16 @@ SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, 
 
 -- name: status_supervisors
 -- Every supervisor that published itself; `seen_ago` tells live ones from lost ones.
+-- `queues`: those of the workflows it serves (NULL: every queue, as a supervisor older than
+-- migration 8 publishes no workflows).
 SELECT id, host, pid, state, workers_target, started_at, seen_at,
        extract(epoch FROM now() - started_at)::float8 AS up_for,
-       extract(epoch FROM now() - seen_at)::float8 AS seen_ago
-  FROM cyclone_supervisors
+       extract(epoch FROM now() - seen_at)::float8 AS seen_ago,
+       CASE WHEN sup.workflows IS NOT NULL THEN
+           (SELECT coalesce(array_agg(DISTINCT w.queue ORDER BY w.queue), '{}')
+              FROM cyclone_workflows w WHERE w.name = ANY (sup.workflows))
+       END AS queues
+  FROM cyclone_supervisors sup
  ORDER BY host, pid, id
  LIMIT %(limit)s;
 

@@ -91,21 +91,23 @@ def _table(title: str, *columns: str) -> Table:
 
 
 def supervisors_table(snap: Snapshot) -> Table:
-    t = _table("Supervisors", "host", "pid", "state", "workers", "up", "last seen")
+    t = _table("Supervisors", "host", "pid", "state", "workers", "queues", "up", "last seen")
     for s in snap.supervisors:
         state = "lost" if s["lost"] else s["state"]
         mine = [w for w in snap.workers if w["supervisor_id"] == s["id"]]
         busy = sum(1 for w in mine if w["state"] == "busy")
+        queues = s.get("queues")
         t.add_row(
             s["host"],
             str(s["pid"]),
             Text(state, style="red" if s["lost"] else ""),
             f"{busy} busy / {len(mine)} (target {s['workers_target']})",
+            "every" if queues is None else ", ".join(queues) or "none",
             seconds(s["up_for"]),
             f"{seconds(s['seen_ago'])} ago",
         )
     if not snap.supervisors:
-        t.add_row("none has published itself", "-", "-", "-", "-", "-")
+        t.add_row("none has published itself", "-", "-", "-", "-", "-", "-")
     return t
 
 

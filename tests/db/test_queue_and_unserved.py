@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from rich.console import Console
 
@@ -75,3 +78,23 @@ def test_runs_of_workflows_no_live_supervisor_serves_are_named(env: TestEnv) -> 
     publish(env, "sup-old", None)
     assert take_snapshot(env.conn).unserved == []
     assert "cyclone_runs_unserved{" not in gauges(env)
+
+
+mails = cyclone.Workflow("unserved-mails", queue="emails")
+mails.task(one, name="send")
+
+
+def test_the_workers_listing_shows_the_queues_each_supervisor_serves(
+    env: TestEnv, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cli_support import run_cli
+
+    env.register(served, mails)
+    publish(env, "sup-mail", [mails.name])
+    publish(env, "sup-all", None)
+    publish(env, "sup-none", [])
+    r = run_cli(capsys, env, "workers", "--json")
+    queues = {s["id"]: s["queues"] for s in json.loads(r.out)["supervisors"]}
+    assert queues == {"sup-mail": ["emails"], "sup-all": None, "sup-none": []}
+    r = run_cli(capsys, env, "workers")
+    assert "emails" in r.out and "every" in r.out
