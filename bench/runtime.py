@@ -2,7 +2,8 @@
 
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
-                            [--only throughput,kills,memory,respawns,cpu,flow] [--strip]
+                            [--only throughput,kills,memory,respawns,cpu,flow,fair]
+                            [--strip]
                             [--dispatch true|false|true,false] [--baseline two|one]
                             [--dsn DSN]
 
@@ -23,6 +24,8 @@
 * flow (only when asked for): 1-step drains with flow control beside the same drain with no
   limits, in one run: limits declared but never binding, and Concurrency(limit=1) over 100
   keys (docs/flow-control.md); the ratio is to the no-limit drain of the same rep.
+* fair (only when asked for): a backlog of --steps runs of one key drains; a second in, one
+  run of another key is submitted: how long it waited and how many steps went first.
 * cpu (only when asked for): where a step's CPU goes, in microseconds a step, for one drain of
   each config: the PostgreSQL server (the postmaster and every backend, reaped ones included)
   and each kind of process of ours (baseline clients; cyclone workers, supervisor, scanner),
@@ -89,6 +92,9 @@ bench_declared.task(
 bench_keyed = cyclone.Workflow("bench_keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
 bench_keyed.task(engine._noop, name="s1")
 FLOWS = {"none": bench_1step, "declared": bench_declared, "keyed": bench_keyed}
+# --only fair: a backlog of one key, and a run of another key submitted while it drains.
+bench_fair = cyclone.Workflow("bench_fair", concurrency=cyclone.Concurrency(key="k", limit=10**6))
+bench_fair.task(engine._noop, name="s1")
 
 
 def _hang(ctx: cyclone.StepContext) -> None:
@@ -293,6 +299,35 @@ def flow_reps(base: str, steps: int, workers: list[int], reps: int) -> None:
         print(f"{flow:>9} N={n}: {statistics.median(rates[(flow, n)]):>7,.0f}/s"
               f"  ratio {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})",
               flush=True)  # fmt: skip
+
+
+def fairness(base: str, backlog: int, workers: int) -> dict[str, float]:
+    """A backlog of `backlog` one-step runs of key "big", drained by a supervisor; a second
+    into the drain, one run of key "small". How long it waited (database clock, submit to
+    lease) and how many steps were leased meanwhile, beside how many of the backlog were
+    still waiting when it came (what FIFO would have run first)."""
+    with TestEnv(dsn=base) as env, tempfile.TemporaryDirectory() as tmp:
+        with cyclone.Client(env.dsn) as client:
+            for start in range(0, backlog, engine.BATCH):
+                client.submit_many(bench_fair, [{"k": "big"}] * min(engine.BATCH, backlog - start))
+        sup = Supervisor(env.dsn, Path(tmp), workers)
+        try:
+            time.sleep(1.0)  # the drain is under way
+            with cyclone.Client(env.dsn) as client:
+                waiting = scalar(env, "SELECT count(*) FROM cyclone_steps"
+                                      " WHERE state = 'available'")  # fmt: skip
+                small = client.submit(bench_fair, {"k": "small"})
+                client.wait(small, timeout=120)
+            row = env.conn.execute(
+                "SELECT extract(epoch FROM s.started_at - r.created_at)::float8 AS waited,"
+                " (SELECT count(*) FROM cyclone_steps o WHERE o.started_at > r.created_at"
+                "   AND o.started_at < s.started_at) AS before"
+                " FROM cyclone_runs r JOIN cyclone_steps s ON s.run_id = r.id WHERE r.id = %s",
+                (small,),
+            ).fetchone()
+        finally:
+            sup.stop()
+    return {"waited": row["waited"], "before": row["before"], "backlog_left": waiting}
 
 
 # -- where the CPU goes -----------------------------------------------------------------------
@@ -553,6 +588,15 @@ def main(argv: list[str] | None = None) -> int:
               f"the API ({FLOW_KEYS} keys): declared = limits that never bind, keyed = "
               "Concurrency(limit=1) per key")  # fmt: skip
         flow_reps(base, args.steps, [int(n) for n in args.workers.split(",")], args.reps)
+    if "fair" in only:
+        print(f"\nFairness: {args.steps} runs of one key draining, then one run of another "
+              "key (database clock, submit to lease)")  # fmt: skip
+        for n in (int(w) for w in args.workers.split(",")):
+            for rep in range(args.reps):
+                got = fairness(base, args.steps, n)
+                print(f"  N={n} rep {rep + 1}: waited {got['waited'] * 1000:.0f} ms, "
+                      f"{got['before']} steps leased before it, with {got['backlog_left']} of "
+                      "the backlog still waiting when it came", flush=True)  # fmt: skip
     if "cpu" in only:
         stripped = " (cyclone stripped)" if args.strip else ""
         print(
