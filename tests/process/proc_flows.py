@@ -102,3 +102,25 @@ def pay(ctx: cyclone.StepContext) -> int:
         )
     time.sleep(ctx.input["seconds"])
     return ctx.attempt
+
+
+# Flow control (test_process_flow_control.py): a queue of its own, runs per key, and a node
+# limited to one step at a time across every VM, each step writing a ledger line as it runs.
+def _spell(ctx: cyclone.StepContext) -> int:
+    path = Path(ctx.input["dir"]) / "flow.log"
+    with path.open("a") as out:
+        out.write(f"start {ctx.workflow} {ctx.input.get('k', '')} {time.monotonic():.6f}\n")
+    time.sleep(ctx.input.get("seconds", 0.2))
+    with path.open("a") as out:
+        out.write(f"end {ctx.workflow} {ctx.input.get('k', '')} {time.monotonic():.6f}\n")
+    return 1
+
+
+flow_mail = cyclone.Workflow("proc-flow-mail", queue="proc-emails")
+flow_mail.task(_spell, name="send")
+flow_keyed = cyclone.Workflow(
+    "proc-flow-keyed", concurrency=cyclone.Concurrency(key="k", limit=1)
+)
+flow_keyed.task(_spell, name="sync")
+flow_narrow = cyclone.Workflow("proc-flow-narrow")
+flow_narrow.task(_spell, name="one", concurrency=1)
