@@ -194,3 +194,36 @@ def test_cyclone_limits_shows_slots_in_use_held_steps_and_buckets(
     assert smtp["held"] == 2 and smtp["key"] == "" and smtp["tokens"] < 0.01
     r = run_cli(capsys, env, "limits")
     assert r.code == 0 and "nl-narrow/only_two" in r.out and "nl-smtp" in r.out
+
+
+chained = cyclone.Workflow("nl-chained")
+
+
+@chained.task()
+def first(ctx):
+    return None
+
+
+@chained.task(after=[first], concurrency=1)
+def second(ctx):
+    return None
+
+
+def test_a_limited_step_made_by_a_chain_completion_is_held_like_a_root(env: TestEnv):
+    env.register(chained)
+    env.client.submit_many(chained, [None] * 3)
+    firsts = [lease_of(env, chained, "first") for _ in range(3)]
+    for lease in firsts:
+        assert engine.complete_step(env.conn, lease, None)  # the one-statement chain path
+    rows = env.conn.execute(
+        "SELECT state, held FROM cyclone_steps WHERE node = 'second' ORDER BY id"
+    ).fetchall()
+    assert [(r["state"], r["held"]) for r in rows] == [
+        ("available", False), ("waiting", True), ("waiting", True)
+    ]
+
+
+def lease_of(env: TestEnv, wf: cyclone.Workflow, node: str) -> engine.Lease:
+    lease = engine.lease_step(env.conn, worker="nl", workflows=[wf.name], now=env.now())
+    assert lease is not None and lease.node == node, lease
+    return lease
