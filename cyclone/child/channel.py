@@ -6,7 +6,6 @@ A line is a verb, optionally followed by a space and a JSON object:
     leased {"step_id": 7, "token": "...", "run_id": "...", "workflow": "fulfill-order",
             "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2,
             "since": 81234.5}
-    beat {"step_id": 7, "since": 81239.5}
     done {"step_id": 7, "outcome": "failed", "duration": 0.012, "error": "ConnectionError: ...",
           "retry": true}
     idle
@@ -93,15 +92,6 @@ class Leased:
 
 
 @dataclass(frozen=True, slots=True)
-class Beat:
-    """The lease of `step_id` was renewed by a statement sent at `since` (monotonic clock)."""
-
-    verb: ClassVar[str] = "beat"
-    step_id: int | None = None
-    since: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Done:
     verb: ClassVar[str] = "done"
     step_id: int
@@ -159,9 +149,9 @@ class Given:
     taken: bool = False
 
 
-Message = Ready | Leased | Beat | Done | Idle | Scanned | Want | Given
+Message = Ready | Leased | Done | Idle | Scanned | Want | Given
 _BY_VERB: dict[str, type[Any]] = {
-    cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle, Scanned, Want, Given)
+    cls.verb: cls for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given)
 }
 # How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
 # worst case stays far below MAX_LINE.
@@ -290,7 +280,7 @@ class Channel:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._lock = threading.Lock()  # the keeper thread writes too
+        self._lock = threading.Lock()  # one line at a time, whichever thread writes
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 import psycopg
 
+from cyclone.child.lease import RenewalBoard
 from cyclone.child.proctitle import set_title, supervisor_title
 from cyclone.child.session import connect_briefly
 from cyclone.config import Settings, load_config
@@ -32,6 +33,7 @@ from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.processes import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
+from cyclone.supervisor.renewal import Renewer
 from cyclone.supervisor.served import RELOAD_APPLIES, RELOAD_KEEPS, describe_reload, warn_unserved
 from cyclone.supervisor.store import DatabaseStore, Listener
 from cyclone.worker import Worker, WorkerOptions
@@ -55,6 +57,7 @@ PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _METRICS, _CHILD = "wakeup", "listener", "metrics", "child"
 _DISPATCH = "dispatch"
+_RENEW = "renew"
 # The exit status of a start-up that a setting makes impossible (as for a bad config file):
 # systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
 EXIT_CONFIG = 2
@@ -86,8 +89,9 @@ class ChildBuilder:
     settings: Settings
     dsn: str
     registry: Registry
+    board: RenewalBoard | None = None
 
-    def worker_main(self, number: int) -> ChildMain:
+    def worker_main(self, number: int, slot: int | None = None) -> ChildMain:
         options = WorkerOptions(
             number=number,
             dsn=self.dsn,
@@ -97,7 +101,7 @@ class ChildBuilder:
             max_steps=self.settings.supervisor.max_steps_per_worker,
             dispatch=dispatching(self.settings),
         )
-        return Worker(options, self.registry, parent=os.getpid()).run
+        return Worker(options, self.registry, os.getpid(), self.board, slot).run
 
     def scanner_main(self) -> ChildMain:
         options = ScannerOptions(
@@ -141,6 +145,13 @@ class Supervisor:
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
             unwatch=self.unwatch, observe=self.metrics.dispatched,
         )  # fmt: skip
+        # Made before any fork, so that every worker shares it (child/lease.py).
+        self.board = RenewalBoard()
+        self.renewer = Renewer(
+            dsn, lease_ttl=settings.worker.lease_ttl,
+            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _RENEW),
+            unwatch=self.unwatch,
+        )  # fmt: skip
 
     # --- the selector, as the arbiter's Watcher ----------------------------------------------
 
@@ -166,9 +177,9 @@ class Supervisor:
         store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
-            factory=ChildBuilder(self.settings, self.dsn, self.registry),
+            factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
-            wants=self.dispatcher.want,
+            wants=self.dispatcher.want, renewer=self.renewer, board=self.board,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
@@ -190,6 +201,7 @@ class Supervisor:
             self.presence.withdraw()
             self.listener.close()
             self.dispatcher.close()
+            self.renewer.close()
             store.close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
@@ -235,6 +247,9 @@ class Supervisor:
                 self.metrics_server.handle()
             elif key.data == _DISPATCH:
                 self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
+            elif key.data == _RENEW:
+                self.renewer.on_readable(self.arbiter)
+                tick = True  # a lease found revoked is checked (and its worker killed) now
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
                 self.presence.mark_changed()
@@ -355,9 +370,10 @@ class Supervisor:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
+        self.renewer.lease_ttl = settings.worker.lease_ttl
         log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")
         self.warn_unserved()
-        return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry)
+        return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry, self.board)
 
     def warn_unserved(self) -> None:
         """Name the workflows whose running runs no worker (ours or another live

@@ -215,6 +215,11 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         "after_at": None, "after_id": None,
     },
     "step_heartbeat": lambda b: _fenced(b, ttl=30.0),
+    "steps_renew": lambda b: {
+        "step_ids": [lease.step_id for lease in b.leases.values()],
+        "tokens": [lease.token for lease in b.leases.values()],
+        "ttl": 30.0, "now": None,
+    },
     "step_fail": lambda b: _fenced(
         b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
     ) | {"kind": "error"},

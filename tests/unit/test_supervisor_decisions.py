@@ -271,45 +271,143 @@ def test_a_timeout_shorter_than_the_deadline_is_a_timeout(h: Harness) -> None:
     assert h.arbiter.children[pid].kill.reason is KillReason.TIMEOUT
 
 
-def test_a_worker_whose_lease_is_not_renewed_is_sigkilled_a_heartbeat_before_it_lapses(
+def test_the_supervisor_renews_a_busy_workers_lease_every_heartbeat_whatever_it_does(
+    h: Harness,
+) -> None:
+    # Nothing comes from the worker (its handler holds the GIL, say): the OS vouches for it.
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    for _ in range(20):  # 40 s: five leases' worth
+        assert h.arbiter.next_wakeup() <= h.clock() + 2.0
+        h.clock.advance(2.0)
+        h.arbiter.tick()
+        assert h.renewer.sent[-1] == [(7, "tok-7")]
+        h.renewed(7)
+    assert len(h.renewer.sent) == 20 and h.arbiter.children[pid].kill is None
+
+
+def test_one_statement_renews_every_lease_that_is_due_or_half_due(h: Harness) -> None:
+    first, second = h.started()
+    h.lease(first, step_id=7, kill_after=None)
+    h.clock.advance(0.9)
+    h.lease(second, step_id=8, kill_after=None)
+    h.clock.advance(1.1)
+    h.arbiter.tick()  # 7 is due; 8, over half a heartbeat old, goes along
+    assert h.renewer.sent == [[(7, "tok-7"), (8, "tok-8")]]
+    h.renewed(7, 8)
+    h.clock.advance(1.9)
+    h.arbiter.tick()
+    assert len(h.renewer.sent) == 1  # both renewed together: not due yet
+    h.clock.advance(0.1)
+    h.arbiter.tick()
+    assert h.renewer.sent[-1] == [(7, "tok-7"), (8, "tok-8")]
+
+
+def test_a_stopped_worker_is_not_renewed_and_is_sigkilled_a_heartbeat_before_its_lease_lapses(
     h: Harness,
 ) -> None:
     # lease_ttl 10 s, heartbeat 2 s: the lease is acted on for 8 s after its last renewal.
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
-    h.clock.advance(5.0)
-    h.send(pid, channel.Beat(step_id=7, since=h.clock() - 0.5))  # sent 0.5 s before it arrived
-    h.clock.advance(7.4)
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.renewed(7)  # renewed by the statement sent at +2 s: acted on until +10 s
+    h.ops.states[pid] = ("T", 31)  # SIGSTOP
+    for _ in range(15):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+    assert len(h.renewer.sent) == 1  # nothing vouched for it since
+    h.clock.advance(0.4)
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == []
     assert h.arbiter.next_wakeup() == pytest.approx(h.clock() + 0.1)
     h.clock.advance(0.1)
     h.arbiter.tick()
     kill = h.arbiter.children[pid].kill
-    assert kill is not None and kill.reason is KillReason.SILENT
+    assert kill is not None and kill.reason is KillReason.FROZEN
+    assert kill.record is ErrorKind.CRASHED and "frozen (stopped, no CPU" in kill.error
     # No SIGTERM first: the step may go to another worker, so the kill is at once.
     assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
 
 
-def test_a_renewal_waiting_unread_in_the_pipe_spares_the_worker(h: Harness) -> None:
-    # The supervisor itself stalled (frozen, or a slow call) while its worker went on renewing.
+def test_a_worker_resumed_before_its_trust_ran_out_is_renewed_again(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
-    h.clock.advance(9.0)
-    fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Beat(step_id=7, since=h.clock() - 0.2)))
+    h.ops.states[pid] = ("T", 0)
+    h.clock.advance(2.0)
     h.arbiter.tick()
-    assert h.arbiter.children[pid].kill is None and h.ops.signals_to(pid) == []
-
-
-def test_a_beat_of_another_step_renews_nothing(h: Harness) -> None:
-    pid = h.started()[0]
-    h.lease(pid, kill_after=None)
-    h.clock.advance(5.0)
-    h.send(pid, channel.Beat(step_id=8, since=h.clock()))
+    assert h.renewer.sent == []
     h.clock.advance(3.0)
+    h.ops.states[pid] = ("S", 0)  # SIGCONT
     h.arbiter.tick()
-    assert h.arbiter.children[pid].kill.reason is KillReason.SILENT
+    assert h.renewer.sent == [[(7, "tok-7")]]
+
+
+def test_a_failed_renewal_kills_for_the_lost_session_and_gives_the_step_back(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.renewer.fail = ConnectionError("the database is gone")
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+        if h.arbiter.children[pid].kill is not None:
+            break
+    kill = h.arbiter.children[pid].kill
+    assert kill is not None and kill.reason is KillReason.LOST_SESSION
+    assert h.clock() == pytest.approx(1008.0)  # at the end of the lease's trust, not before
+    assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
+    h.exit(pid, ExitStatus(signal=signal.SIGKILL))
+    assert h.store.released == [(7, "tok-7")] and h.store.failed == []
+
+
+def test_a_renewal_left_unanswered_kills_for_the_lost_session(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()  # the statement sent at +2 s never answers
+    assert h.arbiter.children[pid].kill.reason is KillReason.LOST_SESSION
+
+
+def test_a_lease_the_renewal_did_not_find_is_asked_about_and_its_worker_killed(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.arbiter.set_notifications(True)
+    h.arbiter.tick()
+    calls = h.store.revoked_calls
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.store.revocations[7] = "cancelled"
+    h.renewed()  # the token no longer matched
+    h.arbiter.tick()
+    assert h.store.revoked_calls == calls + 1
+    assert h.arbiter.children[pid].kill.reason is KillReason.CANCEL
+
+
+def test_a_renewal_answered_after_its_worker_moved_on_renews_nothing(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, step_id=7, kill_after=None)
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0))
+    h.lease(pid, step_id=8, kill_after=None, since=h.clock() - 1.0)
+    h.renewed(7)
+    assert h.arbiter.children[pid].lease.renewed_at == pytest.approx(h.clock() - 1.0)
+
+
+def test_a_worker_whose_channel_closed_is_not_vouched_for(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.ops.pipes[h.arbiter.children[pid].fd].append(b"")  # end of file
+    h.arbiter.on_readable(h.arbiter.children[pid].fd)
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+    assert h.renewer.sent == []
+    kill = h.arbiter.children[pid].kill
+    assert kill.reason is KillReason.SILENT and "channel closed" in kill.error
 
 
 def test_a_lease_runs_from_when_its_statement_was_sent_not_from_when_its_line_arrived(
