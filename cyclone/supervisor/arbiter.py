@@ -75,6 +75,13 @@ LISTEN_POLL_FACTOR = 10
 # comments"). Such a lease is not revoked, and its worker is killed only if the report has not
 # come this long after the database showed the record.
 REPORT_WAIT = 2.0
+# A child's channel is read for at most this many bytes a pass of the loop: one flooding its
+# channel cannot hold the loop, and the other workers' kills, up.
+READ_BUDGET = 256 * 1024
+# Lines a second a child may send. A worker sends two or three a step, and no-op steps run a
+# few thousand a second at most; more is a flood (a handler writing to the channel's
+# descriptor), and the child is killed for it.
+FLOOD_LINES = 20_000
 # The longest the loop sleeps, so it re-checks its children even when nothing wakes it.
 MAX_TICK = 1.0
 EXIT_HALTED = 3
@@ -274,7 +281,11 @@ class Arbiter:
     # --- reading channels ---------------------------------------------------------------------
 
     def read_channel(self, handle: WorkerHandle) -> None:
-        while True:
+        """Act on what a child wrote, READ_BUDGET bytes at most (the selector calls again for
+        the rest). A child's lines are not trusted: one that is no message, a flood, or a
+        message this code fails on costs that child alone, which is killed (`bad_message`)."""
+        budget = READ_BUDGET
+        while budget > 0 and not handle.deaf:
             data = self.ops.read(handle.fd)
             if data == b"":
                 # End of file before the exit is reaped (or a grandchild still holds the
@@ -283,13 +294,38 @@ class Arbiter:
                 handle.eof = True
             if not data:
                 return
-            for line in handle.buffer.feed(data):
+            budget -= len(data)
+            lines = handle.buffer.feed(data)
+            if handle.buffer.dropped:
+                self.bad_message(handle, f"a line over {channel.MAX_LINE} bytes")
+                return
+            now = self.clock()
+            if now - handle.lines_since >= 1.0:
+                handle.lines, handle.lines_since = 0, now
+            handle.lines += len(lines)
+            if handle.lines > FLOOD_LINES:
+                self.bad_message(handle, f"over {FLOOD_LINES} lines in a second (a flood)")
+                return
+            for line in lines:
                 try:
-                    message = channel.decode(line)
+                    self.on_message(handle, channel.decode(line))
                 except channel.ProtocolError as exc:
-                    log.warning("%s sent a bad line: %s", handle.label, exc)
-                    continue
-                self.on_message(handle, message)
+                    self.bad_message(handle, str(exc))
+                    return
+                except Exception as exc:  # a message this code cannot act on: its sender's
+                    log.exception("%s: acting on its message failed", handle.label)
+                    self.bad_message(handle, f"{type(exc).__name__}: {exc}")
+                    return
+
+    def bad_message(self, handle: WorkerHandle, why: str) -> None:
+        """Kill a child for what it wrote; what it writes from now on is not read. One warning
+        per child killed: a flood of bad lines is one line in the log."""
+        handle.deaf = True
+        self.watcher.unwatch(handle.fd)
+        log.warning("%s sent a bad message (%s): killing it", handle.label, why)
+        if handle.kill is None:
+            error = f"worker sent a bad message: {why}"
+            self.order_kill(handle, KillReason.BAD_MESSAGE, ErrorKind.CRASHED, error, grace=0)
 
     def on_message(self, handle: WorkerHandle, message: channel.Message) -> None:
         now = self.clock()
@@ -301,12 +337,15 @@ class Arbiter:
             handle.lease = held_lease(message, now)
             self.events.leased(handle.lease)
         elif isinstance(message, channel.Done):
-            if handle.lease is not None and handle.lease.step_id == message.step_id:
+            # Only a report naming the step and its token ends a lease's watch: a line the
+            # handler forged would otherwise switch its own timeout off.
+            if self.names(handle.lease, message.step_id, message.token):
                 self.step_finished(handle.lease, message)
                 handle.lease = None
             handle.steps += 1
         elif isinstance(message, channel.Idle):
-            handle.lease = None
+            if self.names(handle.lease, message.step_id, message.token):
+                handle.lease = None  # a lease taken for it and never started, given back
         elif isinstance(message, channel.Want) and self.wants is not None:
             self.wants(handle, message)
         elif isinstance(message, channel.Scanned):
@@ -315,6 +354,10 @@ class Arbiter:
                 self.database_failed()
             elif message.counts:  # a pass that ran its sweeps: the database answered
                 self.database_answered()
+
+    @staticmethod
+    def names(lease: HeldLease | None, step_id: int | None, token: str | None) -> bool:
+        return lease is not None and lease.step_id == step_id and lease.token == token
 
     def handed_over(self, handle: WorkerHandle, leased: channel.Leased) -> HeldLease | None:
         """The worker finished its step and took a lease the supervisor held ready for it
@@ -589,6 +632,10 @@ class Arbiter:
         asked, sent = self.renewing, self.renewal_sent
         self.renewing = {}
         self.renewals_failing = False
+        log.debug(
+            "renewed %d of %d leases in one statement (%.1f ms)", len(renewed), len(asked),
+            (self.clock() - sent) * 1000, extra={"action": "renew"},
+        )  # fmt: skip
         for step_id, (handle, token) in asked.items():
             lease = handle.lease
             if lease is None or lease.step_id != step_id or lease.token != token:

@@ -36,6 +36,7 @@ class KillReason(enum.StrEnum):
     LOST_SESSION = "lost_session"  # the supervisor's renewals failed or got no answer
     SILENT = "silent"  # neither: its channel closed, or the supervisor itself was late
     LEASE_EXPIRED = "lease_expired"  # a scanner reclaimed the lease: someone else runs it now
+    BAD_MESSAGE = "bad_message"  # it wrote a line that is no message, or flooded its channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,11 @@ class WorkerHandle:
     cpu_still_since: float = 0.0
     # Its channel reached end of file: it is leaving (or broken), nothing vouches for it.
     eof: bool = False
+    # Killed for a bad message or a flood: whatever else it writes is not read.
+    deaf: bool = False
+    # Lines read in the current second (see Arbiter.read_channel), and when it began.
+    lines: int = 0
+    lines_since: float = 0.0
 
     @property
     def busy(self) -> bool:

@@ -213,7 +213,7 @@ class Worker:
         if self.given:
             # The supervisor saw this lease taken: it must not count it as held any more.
             self.given = False
-            self.channel.send(channel.Idle())
+            self.channel.send(channel.Idle(step_id=lease.step_id, token=lease.token))
         try:
             engine.release_step(self.db(), lease.step_id, lease.token)
         except psycopg.Error as exc:
@@ -312,6 +312,7 @@ class Worker:
             step_id=lease.step_id, outcome=result, duration=duration,
             error=None if outcome.ok else channel.first_line(outcome.error),
             retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
+            token=lease.token,
         )  # fmt: skip
         if nxt is None:
             self.channel.send(report)

@@ -60,7 +60,7 @@ def test_the_per_step_messages_encode_as_the_generic_json_would(message) -> None
 
 
 def test_a_bare_verb_has_no_payload() -> None:
-    assert channel.encode(channel.Idle()) == b"idle\n"
+    assert channel.encode(channel.Ready()) == b"ready\n"
 
 
 def test_a_worker_has_no_say_in_its_leases_renewal() -> None:

@@ -114,7 +114,7 @@ def test_a_worker_crashing_right_after_boot_is_respawned_with_backoff(h: Harness
 def test_an_idle_worker_exiting_records_nothing(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid)
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1, token="tok-7"))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
     assert len(h.workers()) == 2
@@ -124,7 +124,8 @@ def test_a_done_message_still_in_the_pipe_at_exit_is_read_first(h: Harness) -> N
     pid = h.started()[0]
     h.lease(pid)
     fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7")
+    h.ops.pipes[fd].append(channel.encode(done))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
 
@@ -182,7 +183,8 @@ def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harn
     h.lease(pid, kill_after=None)
     h.store.revocations = {7: None}
     fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7")
+    h.ops.pipes[fd].append(channel.encode(done))
     h.arbiter.on_notify()
     # The done line arrives between the query and the decision.
     h.arbiter.tick()
@@ -199,7 +201,7 @@ def test_a_step_its_worker_recorded_but_has_not_reported_yet_kills_nobody(h: Har
     h.arbiter.on_notify()
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
     h.clock.advance(REPORT_WAIT)
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
@@ -230,7 +232,7 @@ def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_c
     h.lease(pid, step_id=7, kill_after=1.0)
     h.clock.advance(1.0)
     h.arbiter.tick()  # kill ordered for step 7
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
     h.lease(pid, step_id=8, kill_after=None)
     h.exit(pid, KILLED)
     assert [(f[0], f[2]) for f in h.store.failed] == [(8, ErrorKind.CRASHED)]
@@ -391,7 +393,7 @@ def test_a_renewal_answered_after_its_worker_moved_on_renews_nothing(h: Harness)
     h.lease(pid, step_id=7, kill_after=None)
     h.clock.advance(2.0)
     h.arbiter.tick()
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0, token="tok-7"))
     h.lease(pid, step_id=8, kill_after=None, since=h.clock() - 1.0)
     h.renewed(7)
     assert h.arbiter.children[pid].lease.renewed_at == pytest.approx(h.clock() - 1.0)
@@ -497,7 +499,7 @@ def test_sigterm_drains_workers_and_exits_once_they_are_gone(h: Harness) -> None
         if pid != pids[0]:
             h.exit(pid, CLEAN)
     assert not h.arbiter.finished and len(h.ops.spawned) == 3  # no respawn while draining
-    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
     h.exit(pids[0], CLEAN)
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.store.failed == []
