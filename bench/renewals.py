@@ -140,7 +140,7 @@ def main() -> int:
         with log.open("wb") as out:
             sup = subprocess.Popen(
                 [sys.executable, "-m", "cyclone.supervisor", "--config", str(config)],
-                env=env, stdout=out, stderr=subprocess.STDOUT,
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp,  # not this checkout
             )  # fmt: skip
         postmaster = int((Path(server.pgdata) / "postmaster.pid").read_text().split()[0])
         time.sleep(args.warmup)
@@ -154,7 +154,8 @@ def main() -> int:
         wall = last["at"] - first["at"]
         d = {k: last[k] - first[k] for k in first}
         steps = d["completed"]
-        renewals = d["updates"] - UPDATES_PER_STEP * steps
+        # Steps between their lease and their completion at either end blur it by a few.
+        renewals = max(d["updates"] - UPDATES_PER_STEP * steps, 0)
         statements = d["statements"] or renewals  # none logged: one statement per renewal
         tick_ms = 1000 / os.sysconf("SC_CLK_TCK")
         cpu = {k: d[k] * tick_ms / wall for k in ("supervisor", "workers", "postgres")}

@@ -582,7 +582,8 @@ class Arbiter:
         return max(min(due), self.next_renewal_try)
 
     def renew_leases(self) -> None:
-        """Renew, in one statement, the leases of the busy workers the OS vouches for."""
+        """Renew, in one statement, the leases of the busy workers the OS vouches for (what it
+        costs, against each worker renewing its own: bench/README.md, "renewals.py")."""
         if self.renewer is None:
             return
         now = self.clock()
