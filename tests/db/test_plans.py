@@ -253,7 +253,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     },
     # The scanner's sweeps: nothing is due, so nothing may be read.
     "sweep_deadlines": lambda b: {"batch_size": 500, "now": None},
-    "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None},
+    "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None, "outage_grace": 30.0},
     "sweep_max_wait": lambda b: {"batch_size": 500, "now": None},
     "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
