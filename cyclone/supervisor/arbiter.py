@@ -308,7 +308,10 @@ class Arbiter:
                 return
             for line in lines:
                 try:
-                    self.on_message(handle, channel.decode(line))
+                    message = channel.decode(line)
+                    if isinstance(message, channel.Given):
+                        raise channel.ProtocolError("given is the supervisor's to send")
+                    self.on_message(handle, message)
                 except channel.ProtocolError as exc:
                     self.bad_message(handle, str(exc))
                     return
