@@ -804,6 +804,9 @@ class Arbiter:
             main = self.factory.scanner_main()
         else:
             slot = self.board.take() if self.board is not None else None
+            if slot is None and self.board is not None:
+                # Without one it never learns of a renewal: each step ends at its first trust.
+                log.error("no renewal slot left for a new worker", extra={"action": "spawn"})
             main = self.factory.worker_main(number, slot)
         try:
             pid, fd = self.ops.spawn(main, close_fds=[h.fd for h in self.children.values()])
