@@ -100,8 +100,10 @@ NO_GRACE = (
 # A /proc state letter of a process that runs no code until someone else acts: stopped by a
 # signal (SIGSTOP, SIGTSTP, a frozen container's SIGSTOP) or by a debugger.
 STOPPED = ("T", "t")
-# After a renewal statement could not be sent (no session), the next try waits this long, at
-# most: a connect can block the loop, and kills must stay on time.
+# After a renewal failed (its session lost: a restart, a terminated backend), the next try
+# waits this long, and at most a quarter of a heartbeat interval: a failed renewal must cost
+# nothing while the next one can still land within the lease's trust (two heartbeats at
+# least), and a try against a server that refuses connections costs little.
 RENEW_RETRY = 1.0
 # A renewal statement unanswered this long (its statement_timeout is 2 s) is given up on, its
 # session dropped: the network may have swallowed it, and no answer would ever come.
@@ -659,7 +661,7 @@ class Arbiter:
             log.warning("could not renew the workers' leases: %s", exc, extra={"action": "renew"})
         self.renewing = {}
         self.renewals_failing = True
-        self.next_renewal_try = self.clock() + min(RENEW_RETRY, self.config.heartbeat_interval)
+        self.next_renewal_try = self.clock() + min(RENEW_RETRY, self.config.heartbeat_interval / 4)
 
     def kill_silent(self, handle: WorkerHandle, lease: HeldLease, now: float) -> None:
         """Its lease was not renewed in time and may lapse: SIGKILL now, saying why."""

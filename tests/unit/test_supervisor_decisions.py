@@ -633,3 +633,21 @@ def test_the_loop_does_not_spin_while_a_killed_worker_awaits_its_reaping(h: Harn
     h.clock.advance(0.5)
     h.arbiter.tick()  # SIGKILL; the process is not reaped yet
     assert h.arbiter.next_wakeup() > h.clock.now
+
+
+def test_one_failed_renewal_costs_nothing() -> None:
+    # Its session was terminated (a restart, pg_terminate_backend): the next try comes soon
+    # enough to land within the lease's trust, here two heartbeats (lease 3 s, heartbeat 1 s).
+    h = Harness(replace(CONFIG, lease_ttl=3.0, heartbeat_interval=1.0))
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    h.renewer.in_flight = False
+    h.arbiter.renewal_failed(ConnectionError("terminating connection"))
+    for _ in range(12):
+        h.clock.advance(0.25)
+        h.arbiter.tick()
+        if h.renewer.in_flight:
+            h.renewed(7)
+    assert len(h.renewer.sent) >= 3 and h.arbiter.children[pid].kill is None
