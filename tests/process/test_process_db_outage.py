@@ -78,3 +78,26 @@ def test_a_one_attempt_step_survives_the_database_down_for_longer_than_its_lease
         first, second = sorted(spans(tmp_path).values())
         assert first[1] < second[0], "two executions of the step overlapped"
         assert sup.popen.poll() is None
+
+
+def test_renewal_sessions_terminated_under_a_gil_holding_step_cost_it_nothing(
+    env, supervisor
+) -> None:
+    """The supervisor's renewal session ended again and again (pg_terminate_backend, as a
+    restart or an admin would): each renewal it loses is tried again on a new session in time,
+    and the step, holding the GIL for three leases, is never killed."""
+    from proc_gil_flows import gil
+
+    modules = '["proc_flows", "proc_gil_flows"]'
+    sup = supervisor(workers=1, workflows__modules=modules, **LEASES)
+    run_id = env.client.submit(gil, {"seconds": int(3 * TTL)})
+    ended = 0
+    while (status := env.client.get_run(run_id)).state == RunState.RUNNING:
+        row = env.conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) AS n FROM pg_stat_activity"
+            " WHERE application_name = 'cyclone-renew'"
+        ).fetchone()
+        ended += row["n"]
+        time.sleep(0.7)  # the pace of the terminations: nothing to wait for
+    assert status.state == RunState.COMPLETED, sup.log()
+    assert ended >= 3 and "killing worker" not in sup.log()
