@@ -98,7 +98,7 @@ NO_GRACE = (
     KillReason.SILENT, KillReason.FROZEN, KillReason.LOST_SESSION, KillReason.LEASE_EXPIRED
 )  # fmt: skip
 # A /proc state letter of a process that runs no code until someone else acts: stopped by a
-# signal (SIGSTOP, SIGTSTP, a frozen container's SIGSTOP) or by a debugger.
+# signal (SIGSTOP, SIGTSTP) or by a debugger. (The cgroup freezer's tasks read as sleeping.)
 STOPPED = ("T", "t")
 # After a renewal failed (its session lost: a restart, a terminated backend), the next try
 # waits this long, and at most a quarter of a heartbeat interval: a failed renewal must cost
