@@ -125,6 +125,11 @@ class FakeFactory:
         return lambda fd: 0
 
 
+def tok(step_id: int) -> str:
+    """The lease token the harness's leases carry: a UUID, as the channel requires."""
+    return f"00000000-0000-4000-8000-{step_id:012d}"
+
+
 CONFIG = ArbiterConfig(
     workers=2, kill_grace=0.5, shutdown_timeout=5.0, lease_ttl=10.0, poll_interval=1.0,
     scanner=True, heartbeat_interval=2.0,
@@ -162,7 +167,7 @@ class Harness:
     def lease(self, pid: int, step_id: int = 7, kill_after: float | None = 2.0,
               deadline_left: float | None = None, since: float | None = None) -> None:  # fmt: skip
         self.send(pid, channel.Leased(
-            step_id=step_id, token=f"tok-{step_id}", run_id="r1", workflow="wf", node="n",
+            step_id=step_id, token=tok(step_id), run_id="r1", workflow="wf", node="n",
             attempt=1, kill_after=kill_after, deadline_left=deadline_left, since=since,
         ))  # fmt: skip
 

@@ -289,8 +289,9 @@ def _shown(value: Any) -> str:
 
 
 # What each field of a message may hold, as decoded from JSON. Ids are positive bigints, as in
-# the database; numbers are finite (a NaN timeout would never fire); a finished task's run id
-# and token are UUIDs, as the dispatcher's statement reads them (the run id in an array literal).
+# the database; numbers are finite (a NaN timeout would never fire); lease tokens and a finished
+# task's run id are UUIDs, as the statements that take them in arrays read them: one worker's
+# malformed token must not fail the renewal or revocation statement of every worker.
 def _is_id(v: Any) -> bool:
     return type(v) is int and 0 < v < 2**63
 
@@ -343,15 +344,15 @@ def _is_finished(v: Any) -> bool:
 _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     Ready: {},
     Leased: {
-        "step_id": _is_id, "token": _is_text, "run_id": _is_text, "workflow": _is_text,
+        "step_id": _is_id, "token": _is_uuid, "run_id": _is_text, "workflow": _is_text,
         "node": _is_text, "attempt": _is_count, "kill_after": _maybe(_is_num),
         "deadline_left": _maybe(_is_num), "since": _maybe(_is_num),
     },
     Done: {
         "step_id": _is_id, "outcome": _is_text, "duration": _is_num, "error": _maybe(_is_text),
-        "retry": _maybe(_is_flag), "token": _maybe(_is_text),
+        "retry": _maybe(_is_flag), "token": _maybe(_is_uuid),
     },
-    Idle: {"step_id": _maybe(_is_id), "token": _maybe(_is_text)},
+    Idle: {"step_id": _maybe(_is_id), "token": _maybe(_is_uuid)},
     Scanned: {"at": _is_num, "ok": _is_flag, "counts": _is_counts},
     Want: {"lease": _is_flag, "duration": _maybe(_is_num), "finished": _maybe(_is_finished)},
     Given: {

@@ -6,7 +6,7 @@ import signal
 from dataclasses import replace
 
 import pytest
-from fakes import CONFIG, FakeFactory, Harness
+from fakes import CONFIG, FakeFactory, Harness, tok
 
 from cyclone.child import channel
 from cyclone.engine import FINISHED
@@ -56,7 +56,7 @@ def test_a_step_past_its_timeout_gets_sigterm_then_its_group_sigkill_after_kill_
     assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
     assert h.store.failed == []  # recorded only once the process is dead
     h.exit(pid, KILLED)
-    assert h.store.failed == [(7, "tok-7", ErrorKind.TIMEOUT, "attempt 1 ran past its timeout")]
+    assert h.store.failed == [(7, tok(7), ErrorKind.TIMEOUT, "attempt 1 ran past its timeout")]
     assert h.arbiter.kills == {KillReason.TIMEOUT: 1}
 
 
@@ -98,7 +98,7 @@ def test_a_worker_dying_on_its_own_mid_step_fails_the_attempt_as_crashed_at_once
     h.clock.advance(FAST_EXIT)
     h.lease(pid, kill_after=None)
     h.exit(pid, ExitStatus(code=42))
-    assert h.store.failed == [(7, "tok-7", ErrorKind.CRASHED, "worker process exited with 42")]
+    assert h.store.failed == [(7, tok(7), ErrorKind.CRASHED, "worker process exited with 42")]
     assert len(h.workers()) == 2
 
 
@@ -114,7 +114,7 @@ def test_a_worker_crashing_right_after_boot_is_respawned_with_backoff(h: Harness
 def test_an_idle_worker_exiting_records_nothing(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid)
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1, token="tok-7"))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1, token=tok(7)))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
     assert len(h.workers()) == 2
@@ -124,7 +124,7 @@ def test_a_done_message_still_in_the_pipe_at_exit_is_read_first(h: Harness) -> N
     pid = h.started()[0]
     h.lease(pid)
     fd = h.arbiter.children[pid].fd
-    done = channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7")
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7))
     h.ops.pipes[fd].append(channel.encode(done))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
@@ -183,7 +183,7 @@ def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harn
     h.lease(pid, kill_after=None)
     h.store.revocations = {7: None}
     fd = h.arbiter.children[pid].fd
-    done = channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7")
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7))
     h.ops.pipes[fd].append(channel.encode(done))
     h.arbiter.on_notify()
     # The done line arrives between the query and the decision.
@@ -201,7 +201,7 @@ def test_a_step_its_worker_recorded_but_has_not_reported_yet_kills_nobody(h: Har
     h.arbiter.on_notify()
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.clock.advance(REPORT_WAIT)
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
@@ -232,7 +232,7 @@ def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_c
     h.lease(pid, step_id=7, kill_after=1.0)
     h.clock.advance(1.0)
     h.arbiter.tick()  # kill ordered for step 7
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.lease(pid, step_id=8, kill_after=None)
     h.exit(pid, KILLED)
     assert [(f[0], f[2]) for f in h.store.failed] == [(8, ErrorKind.CRASHED)]
@@ -283,7 +283,7 @@ def test_the_supervisor_renews_a_busy_workers_lease_every_heartbeat_whatever_it_
         assert h.arbiter.next_wakeup() <= h.clock() + 2.0
         h.clock.advance(2.0)
         h.arbiter.tick()
-        assert h.renewer.sent[-1] == [(7, "tok-7")]
+        assert h.renewer.sent[-1] == [(7, tok(7))]
         h.renewed(7)
     assert len(h.renewer.sent) == 20 and h.arbiter.children[pid].kill is None
 
@@ -295,14 +295,14 @@ def test_one_statement_renews_every_lease_that_is_due_or_half_due(h: Harness) ->
     h.lease(second, step_id=8, kill_after=None)
     h.clock.advance(1.1)
     h.arbiter.tick()  # 7 is due; 8, over half a heartbeat old, goes along
-    assert h.renewer.sent == [[(7, "tok-7"), (8, "tok-8")]]
+    assert h.renewer.sent == [[(7, tok(7)), (8, tok(8))]]
     h.renewed(7, 8)
     h.clock.advance(1.9)
     h.arbiter.tick()
     assert len(h.renewer.sent) == 1  # both renewed together: not due yet
     h.clock.advance(0.1)
     h.arbiter.tick()
-    assert h.renewer.sent[-1] == [(7, "tok-7"), (8, "tok-8")]
+    assert h.renewer.sent[-1] == [(7, tok(7)), (8, tok(8))]
 
 
 def test_a_stopped_worker_is_not_renewed_and_is_sigkilled_a_heartbeat_before_its_lease_lapses(
@@ -342,7 +342,7 @@ def test_a_worker_resumed_before_its_trust_ran_out_is_renewed_again(h: Harness) 
     h.clock.advance(3.0)
     h.ops.states[pid] = ("S", 0)  # SIGCONT
     h.arbiter.tick()
-    assert h.renewer.sent == [[(7, "tok-7")]]
+    assert h.renewer.sent == [[(7, tok(7))]]
 
 
 def test_a_failed_renewal_kills_for_the_lost_session_and_gives_the_step_back(h: Harness) -> None:
@@ -359,7 +359,7 @@ def test_a_failed_renewal_kills_for_the_lost_session_and_gives_the_step_back(h: 
     assert h.clock() == pytest.approx(1008.0)  # at the end of the lease's trust, not before
     assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
     h.exit(pid, ExitStatus(signal=signal.SIGKILL))
-    assert h.store.released == [(7, "tok-7")] and h.store.failed == []
+    assert h.store.released == [(7, tok(7))] and h.store.failed == []
 
 
 def test_a_renewal_left_unanswered_kills_for_the_lost_session(h: Harness) -> None:
@@ -393,7 +393,7 @@ def test_a_renewal_answered_after_its_worker_moved_on_renews_nothing(h: Harness)
     h.lease(pid, step_id=7, kill_after=None)
     h.clock.advance(2.0)
     h.arbiter.tick()
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0, token="tok-7"))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0, token=tok(7)))
     h.lease(pid, step_id=8, kill_after=None, since=h.clock() - 1.0)
     h.renewed(7)
     assert h.arbiter.children[pid].lease.renewed_at == pytest.approx(h.clock() - 1.0)
@@ -499,7 +499,7 @@ def test_sigterm_drains_workers_and_exits_once_they_are_gone(h: Harness) -> None
         if pid != pids[0]:
             h.exit(pid, CLEAN)
     assert not h.arbiter.finished and len(h.ops.spawned) == 3  # no respawn while draining
-    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1, token="tok-7"))
+    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.exit(pids[0], CLEAN)
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.store.failed == []
@@ -517,7 +517,7 @@ def test_a_drain_past_shutdown_timeout_kills_and_releases(h: Harness) -> None:
     h.arbiter.tick()
     # A planned stop is not the step's doing: released, its attempt not spent.
     assert h.store.failed == []
-    assert h.store.released == [(7, "tok-7")]
+    assert h.store.released == [(7, tok(7))]
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.arbiter.kills[KillReason.SHUTDOWN] == 3
 
@@ -530,7 +530,7 @@ def test_a_second_stop_signal_releases_the_steps_it_kills(h: Harness) -> None:
     for pid in list(h.arbiter.children):
         h.ops.exits.append((pid, KILLED))
     h.arbiter.tick()
-    assert (h.store.failed, h.store.released) == ([], [(7, "tok-7")])
+    assert (h.store.failed, h.store.released) == ([], [(7, tok(7))])
 
 
 def test_a_timeout_kill_ordered_before_the_stop_still_records_its_timeout(h: Harness) -> None:

@@ -13,7 +13,7 @@ import signal
 from dataclasses import fields
 
 import pytest
-from fakes import Harness
+from fakes import Harness, tok
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -94,6 +94,10 @@ def test_the_supervisor_survives_any_line_and_kills_a_worker_whose_line_is_no_me
     b' "attempt": 1, "kill_after": 1.0, "deadline_left": null}',
     b'leased {"step_id": 7, "token": "t", "run_id": "r", "workflow": "w", "node": "n",'
     b' "attempt": 1, "kill_after": NaN, "deadline_left": null}',
+    # A token the renewal and revocation statements could not cast would fail them for every
+    # worker of the VM: it fails only its sender.
+    b'leased {"step_id": 7, "token": "x}{", "run_id": "r", "workflow": "w", "node": "n",'
+    b' "attempt": 1, "kill_after": 1.0, "deadline_left": null}',
     b'want {"lease": 1}',
     b'want {"lease": true, "finished": {"step_id": 7}}',
     b'beat {"step_id": [], "since": "x"}',
@@ -115,7 +119,8 @@ def test_a_forged_idle_or_done_does_not_switch_a_steps_timeout_off() -> None:
     h = Harness()
     pid = h.started()[0]
     h.lease(pid, kill_after=2.0)
-    for forged in (b"idle", b'idle {"step_id": 7}', b'idle {"step_id": 7, "token": "guess"}',
+    wrong = tok(8).encode()  # well formed, not this lease's
+    for forged in (b"idle", b'idle {"step_id": 7}', b'idle {"step_id": 7, "token": "%s"}' % wrong,
                    b'done {"step_id": 7, "outcome": "completed", "duration": 0.1}'):  # fmt: skip
         _feed(h, pid, forged)
     assert h.arbiter.children[pid].lease is not None
@@ -126,7 +131,7 @@ def test_a_forged_idle_or_done_does_not_switch_a_steps_timeout_off() -> None:
     h2 = Harness()
     pid2 = h2.started()[0]
     h2.lease(pid2, kill_after=2.0)
-    _feed(h2, pid2, b'idle {"step_id": 7, "token": "tok-7"}')
+    _feed(h2, pid2, b'idle {"step_id": 7, "token": "%s"}' % tok(7).encode())
     assert h2.arbiter.children[pid2].lease is None
 
 
@@ -134,7 +139,7 @@ def test_a_pass_of_the_loop_reads_a_budget_of_a_workers_channel_no_more() -> Non
     h, pid = _fresh()
     handle = h.arbiter.children[pid]
     # Long lines, each a message, few enough not to be a flood: 6 MB waiting.
-    line = channel.encode(channel.Done(7, "failed", 0.1, error="x" * 60_000, token="t"))
+    line = channel.encode(channel.Done(7, "failed", 0.1, error="x" * 60_000, token=tok(7)))
     h.ops.pipes[handle.fd] = [line] * 100
     h.arbiter.on_readable(handle.fd)
     read = 100 - len(h.ops.pipes[handle.fd])
