@@ -159,6 +159,9 @@ class OsProcessOps:
         return proc_state(pid)
 
 
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
 def proc_state(pid: int) -> tuple[str, int] | None:
     """What the kernel says of a process: its state letter (R, S, D, T stopped, t traced, Z...)
     and the CPU time it used (utime + stime, in clock ticks); None when it is gone.
@@ -169,7 +172,17 @@ def proc_state(pid: int) -> tuple[str, int] | None:
         with open(f"/proc/{pid}/stat", "rb") as f:
             text = f.read()
     except OSError:
-        return None
+        if _HAS_PROC:
+            return None
+        # No /proc (not Linux): alive or not is all the OS says here, so a stopped worker is
+        # not told from a running one, and is renewed until its step's timeout ends it.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "R", 0
     # The command name may hold spaces and parentheses: the fields start after the last ")".
     fields = text[text.rfind(b")") + 2 :].split()
     try:
