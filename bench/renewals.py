@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +176,7 @@ def main() -> int:
             if sup.poll() is None:
                 sup.kill()
         server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
