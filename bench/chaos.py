@@ -6,7 +6,9 @@
 
 Chaos mode. Two supervisors (3 workers each, lease_ttl 3 s, heartbeat 1 s, scanner every
 0.5 s, kill_grace 1 s) run 5-step chains and 5-item fan-outs with a join, 0.2-1.5 s a step,
-12% of first attempts raising, some runs with a deadline that passes mid-run, and 10-step
+12% of first attempts raising, 15% of steps holding the GIL in one C call longer than a
+lease (3.2-4.5 s: no thread of the worker runs meanwhile, so only its supervisor can vouch for
+it, issue 29), some runs with a deadline that passes mid-run, and 10-step
 chains of plain tasks of 1-10 ms (no effect: the supervisor records them and leases ahead
 for them, supervisor/dispatch.py). Meanwhile the
 bench SIGKILLs and SIGTERMs workers, freezes busy workers with SIGSTOP past their lease,
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import random
 import re
@@ -67,20 +70,33 @@ from ledger import LEDGER, overlaps, read_ledger
 # -- the workflows (the supervisors import this file as the module `chaos`) -----------------------
 
 
+# PyDLL: a C function called through it keeps the GIL for the whole call.
+_LIBC = ctypes.PyDLL(None)
+
+
 def _work(ctx: cyclone.StepContext) -> int:
     """Write the effect through the fenced transaction, then work for this step's duration,
-    ignoring ctx.done, with a ledger line every 20 ms; some first attempts raise halfway."""
+    ignoring ctx.done, with a ledger line every 20 ms; some first attempts raise halfway, and
+    some steps first hold the GIL in one C call longer than a lease (a line before and after)."""
     spec = ctx.input
     rng = random.Random(ctx.step_id * 7919 + spec.get("seed", 0))
     lo, hi = spec.get("span", (0.2, 1.5))
     seconds = lo + (hi - lo) * rng.random()
     fails = ctx.attempt == 1 and rng.random() < spec.get("fail", 0.0)
+    gil = rng.random() < spec.get("gil", 0.0)
     fd = None
     if spec.get("dir"):
         path = Path(spec["dir"]) / LEDGER
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         _line(fd, ctx)
+        if gil:
+            # Before the effect's transaction opens: a worker's session ends a transaction
+            # left idle for lease_ttl (operators.md), and this call outlasts a lease.
+            held = rng.uniform(1.07, 1.5) * TTL
+            _LIBC.usleep(int(held * 1e6))
+            with (Path(spec["dir"]) / "gil.log").open("a") as f:
+                f.write(f"{ctx.step_id} {ctx.attempt} {_line(fd, ctx):.6f} {held:.3f}\n")
         with ctx.transaction() as conn:
             conn.execute(
                 "INSERT INTO chaos_effects (step_id, attempt, pid) VALUES (%s, %s, %s)",
@@ -396,7 +412,7 @@ class Chaos:
         wf = {"fan": fan, "quick": quick, "keyed": keyed, "narrow": narrow,
               "rated": rated}.get(kind, chain)  # fmt: skip
         spec = {"dir": str(self.tmp), "seed": self.seed, "fail": 0.12, "span": (0.2, 1.5),
-                "k": n % KEYS}  # fmt: skip
+                "gil": 0.15, "k": n % KEYS}  # fmt: skip
         key = f"chaos-{self.seed}-{n}"
         while True:  # the database may be restarting: retry (the key makes it once)
             try:
@@ -725,7 +741,8 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
         "effect rows": attempts[3],
         "attempts in the ledger": sum(len(a) for a in ledger.values()),
         "faults": dict(sorted(chaos.faults.items())),
-        "supervisor kills (silent/lease_expired/...)": kills_in_logs(chaos.sups),
+        "supervisor kills (frozen/lease_expired/...)": kills_in_logs(chaos.sups),
+        "GIL-holding calls that returned (each longer than a lease)": gil_calls(chaos.tmp),
         "details": (unexpected + found)[:20],
     }
     db.conn.close()
@@ -784,6 +801,11 @@ def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list
                     found.append(f"chaos-rated: a start at {start:.3f} found no token")
                     break
     return found
+
+
+def gil_calls(tmp: Path) -> int:
+    path = tmp / "gil.log"
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def kills_in_logs(sups: list[Supervisor]) -> dict[str, int]:

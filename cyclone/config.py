@@ -176,7 +176,7 @@ class Setting:
 SECTION_DOCS = {
     "database": "Where runs live. Every supervisor, CLI and client sharing it sees the same runs.",
     "supervisor": "The per-VM process that forks workers and the scanner, and kills stuck ones.",
-    "worker": "Leasing: a worker owns a step while it keeps renewing the step's lease.",
+    "worker": "Leasing: a worker owns a step while its supervisor keeps renewing the step's lease.",
     "scanner": "Fails overdue runs, reclaims expired leases, wakes sleeps, deletes old runs.",
     "metrics": "Prometheus metrics, aggregated across the supervisor's processes, at /metrics.",
     "workflows": "Python modules that define workflows; imported by the supervisor at start-up.",
@@ -219,8 +219,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("worker", "lease_ttl", DURATION, 30.0, POSITIVE,
             "A lease not renewed for this long expires, and the scanner reclaims its step."),
     Setting("worker", "heartbeat_interval", DURATION, 5.0, POSITIVE,
-            "How often a busy worker renews its lease; at most a third of lease_ttl. A worker "
-            "whose lease is not renewed is killed this long before the lease lapses."),
+            "How often the supervisor renews its busy workers' leases; at most a third of "
+            "lease_ttl. A worker whose lease is not renewed is killed this long before the "
+            "lease lapses."),
     Setting("worker", "poll_interval", DURATION, 1.0, POSITIVE,
             "How often an idle worker looks for work when no notification arrives."),
     Setting("worker", "max_memory", SIZE, None, MEMORY,

@@ -36,6 +36,8 @@ class FakeOps:
         self.pipes: dict[int, list[bytes]] = {}
         self.closed: list[int] = []
         self.fail_fork = False
+        # What /proc says of each pid (state letter, CPU ticks); running, by default.
+        self.states: dict[int, tuple[str, int] | None] = {}
 
     def spawn(self, main: ChildMain, *, close_fds: Sequence[int]) -> tuple[int, int]:
         if self.fail_fork:
@@ -62,6 +64,9 @@ class FakeOps:
 
     def close(self, fd: int) -> None:
         self.closed.append(fd)
+
+    def state(self, pid: int) -> tuple[str, int] | None:
+        return self.states.get(pid, ("R", 0))
 
     def signals_to(self, pid: int) -> list[tuple[str, int]]:
         return [(kind, sig) for kind, target, sig in self.sent if target == pid]
@@ -94,12 +99,35 @@ class FakeStore:
         return True
 
 
+class FakeRenewer:
+    """The renewal session: records each statement; the test answers it (`Harness.renewed`)."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[tuple[int, str]]] = []
+        self.in_flight = False
+        self.fail: Exception | None = None
+
+    def send(self, leases: list[tuple[int, str]]) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.sent.append(leases)
+        self.in_flight = True
+
+    def close(self) -> None:
+        self.in_flight = False
+
+
 class FakeFactory:
-    def worker_main(self, number: int) -> ChildMain:
+    def worker_main(self, number: int, slot: int | None = None) -> ChildMain:
         return lambda fd: 0
 
     def scanner_main(self) -> ChildMain:
         return lambda fd: 0
+
+
+def tok(step_id: int) -> str:
+    """The lease token the harness's leases carry: a UUID, as the channel requires."""
+    return f"00000000-0000-4000-8000-{step_id:012d}"
 
 
 CONFIG = ArbiterConfig(
@@ -113,10 +141,11 @@ class Harness:
         self.clock = FakeClock()
         self.ops = FakeOps()
         self.store = FakeStore()
+        self.renewer = FakeRenewer()
         self.reloaded: list[ArbiterConfig] = []
         self.arbiter = Arbiter(
             config, ops=self.ops, clock=self.clock, store=self.store, factory=FakeFactory(),
-            reload=self.reload,
+            reload=self.reload, renewer=self.renewer,
         )  # fmt: skip
         self.next_config = config
 
@@ -138,9 +167,14 @@ class Harness:
     def lease(self, pid: int, step_id: int = 7, kill_after: float | None = 2.0,
               deadline_left: float | None = None, since: float | None = None) -> None:  # fmt: skip
         self.send(pid, channel.Leased(
-            step_id=step_id, token=f"tok-{step_id}", run_id="r1", workflow="wf", node="n",
+            step_id=step_id, token=tok(step_id), run_id="r1", workflow="wf", node="n",
             attempt=1, kill_after=kill_after, deadline_left=deadline_left, since=since,
         ))  # fmt: skip
+
+    def renewed(self, *step_ids: int) -> None:
+        """The renewal statement in flight answers: these leases were renewed."""
+        self.renewer.in_flight = False
+        self.arbiter.renewed(set(step_ids))
 
     def exit(self, pid: int, status: ExitStatus) -> None:
         self.ops.exits.append((pid, status))

@@ -5,7 +5,8 @@ channel.py     the channel protocol (a socket pair: reports up, `given` answers 
 process.py     a child's set-up after the fork (init_process), its signal self-pipe (Wakeup),
                ChildExit, and the check that its supervisor is still there
 proctitle.py   process titles
-lease.py       lease_trust: how long a lease is acted on, by the keeper and the arbiter alike
+lease.py       lease_trust (how long a lease is acted on, by the keeper and the arbiter alike),
+               and the RenewalBoard where the supervisor tells its workers of each renewal
 session.py     connect_briefly: a connection with a statement_timeout, checked once a process
 reaper.py      child subreapers: what a step started (daemons too) ends with it
 limits.py      a worker's own limits after the fork ([worker] max_memory)

@@ -6,10 +6,10 @@ A line is a verb, optionally followed by a space and a JSON object:
     leased {"step_id": 7, "token": "...", "run_id": "...", "workflow": "fulfill-order",
             "node": "reserve", "attempt": 2, "kill_after": 30.0, "deadline_left": 1795.2,
             "since": 81234.5}
-    beat {"step_id": 7, "since": 81239.5}
     done {"step_id": 7, "outcome": "failed", "duration": 0.012, "error": "ConnectionError: ...",
-          "retry": true}
-    idle
+          "retry": true, "token": "..."}
+    idle                              (or, giving back a lease never started:)
+    idle {"step_id": 8, "token": "..."}
     scanned {"at": 1767225600.5, "ok": true, "counts": {"deadlines": 1, "expired_leases": 0}}
     want {"lease": true, "duration": 0.004, "finished": {"step_id": 7, "token": "...", ...}}
 
@@ -23,6 +23,10 @@ and the database are never compared. `since` is a time on the host's monotonic c
 worker shares with its supervisor (CLOCK_MONOTONIC is one clock for the whole host). The
 channel is a socket pair; a worker's threads write whole lines under one lock, so lines from one
 worker never interleave.
+
+A worker's lines are not trusted (its handler can write to the socket too): `decode` checks
+every field's type and range, and the supervisor kills a worker that writes anything that is
+not a message, or floods its channel (Arbiter.read_channel).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import json
 import logging
 import math
 import os
+import re
 import select
 import sys
 import threading
@@ -93,15 +98,6 @@ class Leased:
 
 
 @dataclass(frozen=True, slots=True)
-class Beat:
-    """The lease of `step_id` was renewed by a statement sent at `since` (monotonic clock)."""
-
-    verb: ClassVar[str] = "beat"
-    step_id: int | None = None
-    since: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Done:
     verb: ClassVar[str] = "done"
     step_id: int
@@ -111,6 +107,9 @@ class Done:
     # whether the worker expects a retry: both only for the supervisor's log.
     error: str | None = None
     retry: bool | None = None
+    # The lease's token: a `done` clears the supervisor's record of a lease only when it names
+    # the step and its token, so a line a handler forges cannot switch its timeout off.
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +126,12 @@ class Scanned:
 
 @dataclass(frozen=True, slots=True)
 class Idle:
+    """The worker holds no step. Naming a step and its token, it gives back that lease (one
+    the supervisor took for it and it never started); a bare `idle` clears no lease."""
+
     verb: ClassVar[str] = "idle"
+    step_id: int | None = None
+    token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +163,9 @@ class Given:
     taken: bool = False
 
 
-Message = Ready | Leased | Beat | Done | Idle | Scanned | Want | Given
+Message = Ready | Leased | Done | Idle | Scanned | Want | Given
 _BY_VERB: dict[str, type[Any]] = {
-    cls.verb: cls for cls in (Ready, Leased, Beat, Done, Idle, Scanned, Want, Given)
+    cls.verb: cls for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given)
 }
 # How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
 # worst case stays far below MAX_LINE.
@@ -245,7 +249,7 @@ def _encode_leased(m: Leased) -> str:
 def _encode_done(m: Done) -> str:
     return (
         f'done {{"step_id":{m.step_id},"outcome":{_str(m.outcome)},"duration":{_num(m.duration)},'
-        f'"error":{_str(m.error)},"retry":{_bool(m.retry)}}}\n'
+        f'"error":{_str(m.error)},"retry":{_bool(m.retry)},"token":{_str(m.token)}}}\n'
     )
 
 
@@ -253,6 +257,9 @@ _FAST: dict[type[Any], Callable[[Any], str]] = {Leased: _encode_leased, Done: _e
 
 
 def decode(line: bytes) -> Message:
+    """The message a line holds, its fields of the types they are read as (see _KINDS): a line
+    that is anything else is a ProtocolError, whatever its bytes, so the code acting on a
+    message never meets a field of the wrong type (a worker's line is not trusted)."""
     text = line.decode("utf-8", "replace").strip()
     verb, _, body = text.partition(" ")
     cls = _BY_VERB.get(verb)
@@ -260,13 +267,99 @@ def decode(line: bytes) -> Message:
         raise ProtocolError(f"unknown verb {verb!r}")
     try:
         data = _DECODER.decode(body) if body else {}
-        try:
-            return cls(**data)
-        except TypeError:  # fields this version does not know (or garbage): keep ours
-            names = _names(cls)
-            return cls(**{k: v for k, v in data.items() if k in names})
-    except (ValueError, TypeError, AttributeError) as exc:
+        if not isinstance(data, dict):
+            raise ProtocolError(f"bad {verb} message: not a JSON object")
+        names = _names(cls)
+        # Fields this version does not know are left out: a newer peer's, or garbage.
+        data = {k: v for k, v in data.items() if k in names}
+        for name, kind in _KINDS[cls].items():
+            if name in data and not kind(data[name]):
+                raise ProtocolError(f"bad {verb} message: {name} is {_shown(data[name])}")
+        return cls(**data)
+    # RecursionError: JSON nested deeper than the decoder's stack allows.
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        if isinstance(exc, ProtocolError):
+            raise
         raise ProtocolError(f"bad {verb} message: {exc}") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# What each field of a message may hold, as decoded from JSON. Ids are positive bigints, as in
+# the database; numbers are finite (a NaN timeout would never fire); lease tokens and a finished
+# task's run id are UUIDs, as the statements that take them in arrays read them: one worker's
+# malformed token must not fail the renewal or revocation statement of every worker.
+def _is_id(v: Any) -> bool:
+    return type(v) is int and 0 < v < 2**63
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and 0 <= v < 2**31
+
+
+def _is_num(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _is_text(v: Any) -> bool:
+    return type(v) is str
+
+
+def _is_flag(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _maybe(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+def _is_object(v: Any) -> bool:
+    return type(v) is dict
+
+
+def _is_uuid(v: Any) -> bool:
+    return type(v) is str and _UUID.fullmatch(v) is not None
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _is_counts(v: Any) -> bool:
+    return type(v) is dict and all(type(k) is str and _is_count(n) for k, n in v.items())
+
+
+def _is_finished(v: Any) -> bool:
+    """A dispatch.Finished's fields (see Worker.hand_over), as the dispatcher reads them."""
+    return (
+        type(v) is dict and set(v) <= {"step_id", "token", "run_id", "output", "next", "last"}
+        and _is_id(v.get("step_id")) and _is_uuid(v.get("token")) and _is_uuid(v.get("run_id"))
+        and "output" in v and type(v.get("next")) in (list, type(None))
+        and type(v.get("last", False)) is bool
+    )  # fmt: skip
+
+
+_KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
+    Ready: {},
+    Leased: {
+        "step_id": _is_id, "token": _is_uuid, "run_id": _is_text, "workflow": _is_text,
+        "node": _is_text, "attempt": _is_count, "kill_after": _maybe(_is_num),
+        "deadline_left": _maybe(_is_num), "since": _maybe(_is_num),
+    },
+    Done: {
+        "step_id": _is_id, "outcome": _is_text, "duration": _is_num, "error": _maybe(_is_text),
+        "retry": _maybe(_is_flag), "token": _maybe(_is_uuid),
+    },
+    Idle: {"step_id": _maybe(_is_id), "token": _maybe(_is_uuid)},
+    Scanned: {"at": _is_num, "ok": _is_flag, "counts": _is_counts},
+    Want: {"lease": _is_flag, "duration": _maybe(_is_num), "finished": _maybe(_is_finished)},
+    Given: {
+        "recorded": _maybe(_is_flag), "lease": _maybe(_is_object), "since": _maybe(_is_num),
+        "own": _is_flag, "taken": _is_flag,
+    },
+}  # fmt: skip
 
 
 class LineBuffer:
@@ -275,13 +368,17 @@ class LineBuffer:
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self._pending = b""
         self.max_line = max_line
+        self.dropped = 0  # lines longer than max_line, left out (the reader decides what it means)
 
     def feed(self, data: bytes) -> list[bytes]:
         self._pending += data
         *lines, self._pending = self._pending.split(b"\n")
         if len(self._pending) > self.max_line:
             self._pending = b""
-        return [line for line in lines if line and len(line) <= self.max_line]
+            self.dropped += 1
+        kept = [line for line in lines if line and len(line) <= self.max_line]
+        self.dropped += sum(1 for line in lines if len(line) > self.max_line)
+        return kept
 
 
 class Channel:
@@ -290,7 +387,7 @@ class Channel:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        self._lock = threading.Lock()  # the keeper thread writes too
+        self._lock = threading.Lock()  # one line at a time, whichever thread writes
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []

@@ -11,6 +11,7 @@ control.py   operations on whole runs from outside: cancel, pause, resume, signa
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
+renewal.py   the supervisor's renewal of its workers' leases, many in one statement
 sweeps.py    the scanner's sweeps: SWEEPS, one entry each in run order, and their functions
 """
 

@@ -71,7 +71,11 @@ def sweep_deadlines(
 
 
 def sweep_expired_leases(
-    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+    conn: Conn,
+    *,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+    outage_grace: float | None = None,
 ) -> int:
     """Reclaim leases nobody renewed; returns how many steps were reclaimed.
 
@@ -79,13 +83,16 @@ def sweep_expired_leases(
     `lease_expired`) while attempts remain, else dead-lettered. Rescue is keyed on lease
     expiry only, never on how long a step has been running: a step that is slow but alive
     keeps renewing its lease, and taking it away would run it twice at once.
+
+    With `outage_grace` (the scanner passes lease_ttl), a lease that lapsed before the server
+    had been up that long lapsed because the database itself was down (every holder's session
+    failed with it): it goes back with its attempt not spent.
     """
+    params = {"batch_size": batch_size, "now": now, "outage_grace": outage_grace}
 
     def tx() -> int:
         with conn.transaction():
-            rows = conn.execute(
-                QUERIES["sweep_expired_leases"], {"batch_size": batch_size, "now": now}
-            ).fetchall()
+            rows = conn.execute(QUERIES["sweep_expired_leases"], params).fetchall()
             for run_id in {str(r["run_id"]) for r in rows if r["state"] == "dead"}:
                 fail_run(conn, run_id, now)
             if rows:
@@ -208,6 +215,7 @@ class Sweep:
     runs_failed: ErrorKind | None = None  # its rows are runs failed, for this reason
     leases_reclaimed: bool = False  # its rows are expired leases reclaimed
     setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
+    takes: tuple[str, ...] = ()  # scanner settings passed to it when given, whatever they are
 
     def batch(
         self,
@@ -219,6 +227,7 @@ class Sweep:
     ) -> int:
         """One batch: `run` with the setting it takes, if any."""
         extra = {self.setting: (settings or {})[self.setting]} if self.setting else {}
+        extra.update({k: (settings or {})[k] for k in self.takes if k in (settings or {})})
         return self.run(conn, batch_size=batch_size, now=now, **extra)
 
     def enabled(self, settings: Mapping[str, float] | None = None) -> bool:
@@ -231,7 +240,7 @@ class Sweep:
 SWEEPS = (
     Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE),
     Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE),
-    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True),
+    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",)),
     Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT),
     Sweep("sleeps", sweep_sleeps),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.

@@ -42,12 +42,17 @@ class ScannerOptions:
     retention: float  # seconds; 0 or less keeps finished runs forever
     # No statement may hold its locks longer than this: a stuck sweep fails and runs again.
     statement_timeout: float = 30.0
+    # The workers' lease_ttl: a lease that lapsed before the server had been up this long
+    # lapsed because the database was down, and spends no attempt (sweep_expired_leases).
+    lease_ttl: float | None = None
 
 
 def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
     """The registry's sweeps (`cyclone.engine.sweeps.SWEEPS`) that these options enable, in
     its order: a retention of 0 or less keeps finished runs forever."""
     settings = {"retention": options.retention}
+    if options.lease_ttl is not None:
+        settings["outage_grace"] = options.lease_ttl
     return [
         Sweeper(sweep, batch_size=options.batch_size, settings=settings)
         for sweep in enabled_sweeps(settings)

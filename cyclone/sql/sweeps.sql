@@ -45,8 +45,16 @@ SELECT (SELECT coalesce(array_agg(id), '{}') FROM failed) AS run_ids,
 -- Leases nobody renewed: the holder's host is gone. Retried as lease_expired, or dead-lettered
 -- when it was the last attempt. Keyed on lease expiry only, never on how long a step has run.
 -- It reads every running step (cyclone_steps_running_idx): one per worker at most.
+-- A lease that lapsed before the server had been up for `outage_grace` seconds (the lease's
+-- ttl) lapsed because the database itself was down: no holder could renew it, and its
+-- supervisor killed its worker before it lapsed. It goes back with its attempt not spent, as
+-- a planned stop's (issue 22, item 9). NULL `outage_grace`: no such rule (the test harness).
 WITH due AS (
-    SELECT id, run_id FROM cyclone_steps
+    SELECT id, run_id,
+           coalesce(lease_expires_at <= pg_postmaster_start_time()
+                                        + make_interval(secs => %(outage_grace)s), false)
+               AS outage
+      FROM cyclone_steps
      WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
      ORDER BY lease_expires_at
      LIMIT %(batch_size)s
@@ -55,17 +63,22 @@ WITH due AS (
        FOR NO KEY UPDATE SKIP LOCKED
 ), reclaimed AS (
     UPDATE cyclone_steps s
-       SET state = CASE WHEN s.attempt < s.max_attempts THEN 'available' ELSE 'dead' END,
+       SET state = CASE WHEN s.attempt < s.max_attempts OR due.outage THEN 'available'
+                        ELSE 'dead' END,
+           attempt = CASE WHEN due.outage THEN greatest(s.attempt - 1, 0) ELSE s.attempt END,
            available_at = coalesce(%(now)s::timestamptz, now()),
-           completed_at = CASE WHEN s.attempt < s.max_attempts THEN NULL
+           completed_at = CASE WHEN s.attempt < s.max_attempts OR due.outage THEN NULL
                                ELSE coalesce(%(now)s::timestamptz, now()) END,
            error_kind = 'lease_expired',
-           error = 'lease expired on attempt ' || s.attempt || ' (held by ' || coalesce(s.leased_by, '?') || ')',
+           error = 'lease expired on attempt ' || s.attempt || ' (held by ' || coalesce(s.leased_by, '?') || ')'
+                   || CASE WHEN due.outage THEN ' while the database restarted: attempt not spent'
+                           ELSE '' END,
            lease_token = NULL, lease_expires_at = NULL
       FROM due JOIN locked ON locked.id = due.run_id
      WHERE s.id = due.id AND s.state = 'running'
        AND s.lease_expires_at < coalesce(%(now)s::timestamptz, now())
-    RETURNING s.id, s.run_id, s.state, s.attempt, s.error, s.leased_by, s.started_at
+    RETURNING s.id, s.run_id, s.state, s.attempt + due.outage::int AS attempt, s.error,
+              s.leased_by, s.started_at
 ), kept AS (
     INSERT INTO cyclone_step_attempts
            (step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at)

@@ -12,6 +12,13 @@ included. The step's outcome is written, fenced by the lease token, once the pro
 Two kills get no grace, because another worker may run the step next: a worker whose lease
 was not renewed in time (SIGKILL a heartbeat interval before the lease can lapse in the
 database: see `lease_trust`), and one whose lease the scanner already reclaimed.
+
+The arbiter renews its busy workers' leases itself (`renew_leases`): every heartbeat interval,
+one statement for all the workers the OS says are alive and not stopped (/proc), so that a
+handler holding the GIL in one long C call, which starves any thread of its own, is never
+taken for a dead one. What vouches for a running step is then the kernel's word on its process
+and the supervisor's loop, never a thread inside the worker; a frozen worker is not renewed
+and is SIGKILLed before its lease can lapse, as before.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import signal
 from collections.abc import Callable
 
 from cyclone.child import channel
-from cyclone.child.lease import lease_trust
+from cyclone.child.lease import RenewalBoard, lease_trust
 from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
 from cyclone.states import DEADLINE_ERROR, ErrorKind
@@ -33,7 +40,6 @@ from cyclone.supervisor.children import (
     Role,
     WorkerHandle,
     held_lease,
-    renewal_time,
 )
 from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
 from cyclone.supervisor.ports import (
@@ -43,6 +49,7 @@ from cyclone.supervisor.ports import (
     NullEvents,
     NullWatcher,
     Reloader,
+    Renewals,
     Store,
     Watcher,
 )
@@ -68,6 +75,13 @@ LISTEN_POLL_FACTOR = 10
 # comments"). Such a lease is not revoked, and its worker is killed only if the report has not
 # come this long after the database showed the record.
 REPORT_WAIT = 2.0
+# A child's channel is read for at most this many bytes a pass of the loop: one flooding its
+# channel cannot hold the loop, and the other workers' kills, up.
+READ_BUDGET = 256 * 1024
+# Lines a second a child may send. A worker sends two or three a step, and no-op steps run a
+# few thousand a second at most; more is a flood (a handler writing to the channel's
+# descriptor), and the child is killed for it.
+FLOOD_LINES = 20_000
 # The longest the loop sleeps, so it re-checks its children even when nothing wakes it.
 MAX_TICK = 1.0
 EXIT_HALTED = 3
@@ -80,7 +94,20 @@ REVOKE_REASONS = {
     "lease_expired": KillReason.LEASE_EXPIRED,
 }
 # Kills that cannot wait for a cooperative stop: the step may be (or soon be) someone else's.
-NO_GRACE = (KillReason.SILENT, KillReason.LEASE_EXPIRED)
+NO_GRACE = (
+    KillReason.SILENT, KillReason.FROZEN, KillReason.LOST_SESSION, KillReason.LEASE_EXPIRED
+)  # fmt: skip
+# A /proc state letter of a process that runs no code until someone else acts: stopped by a
+# signal (SIGSTOP, SIGTSTP) or by a debugger. (The cgroup freezer's tasks read as sleeping.)
+STOPPED = ("T", "t")
+# After a renewal failed (its session lost: a restart, a terminated backend), the next try
+# waits this long, and at most a quarter of a heartbeat interval: a failed renewal must cost
+# nothing while the next one can still land within the lease's trust (two heartbeats at
+# least), and a try against a server that refuses connections costs little.
+RENEW_RETRY = 1.0
+# A renewal statement unanswered this long (its statement_timeout is 2 s) is given up on, its
+# session dropped: the network may have swallowed it, and no answer would ever come.
+RENEW_WAIT = 3.0
 # A busy worker whose last renewal is older than this many heartbeat intervals is late: its
 # silent kill then counts among the kills the loop's own database calls must not hold up.
 LATE_BEATS = 1.5
@@ -99,8 +126,20 @@ class Arbiter:
         watcher: Watcher | None = None,
         events: Events | None = None,
         wants: Callable[[WorkerHandle, channel.Want], None] | None = None,
+        renewer: Renewals | None = None,
+        board: RenewalBoard | None = None,
     ) -> None:
         self.config = config
+        self.renewer = renewer
+        self.board = board
+        # The renewal statement in flight: its leases by step id (with the token asked for),
+        # and when it was sent; the lease's new term runs from no earlier than that.
+        self.renewing: dict[int, tuple[WorkerHandle, str]] = {}
+        self.renewal_sent = 0.0
+        # The last renewal failed or could not be sent: a kill for silence is then one for
+        # the lost session, not the worker's doing.
+        self.renewals_failing = False
+        self.next_renewal_try = 0.0
         self.wants = wants
         self.ops = ops
         self.clock = clock
@@ -197,6 +236,7 @@ class Arbiter:
             return
         self.check_revocations()
         self.enforce_deadlines()
+        self.renew_leases()
         self.manage_workers()
 
     def next_wakeup(self) -> float:
@@ -207,6 +247,9 @@ class Arbiter:
         if kill_at is not None:
             times.append(kill_at)
         times += [self.silent_at(h.lease) for h in self.busy() if h.kill is None and h.lease]
+        renew_at = self.next_renewal_at()
+        if renew_at is not None:
+            times.append(renew_at)
         if any(h.kill is None and h.lease is not None for h in self.children.values()):
             times.append(self.next_poll)  # a busy worker's lease may be revoked
         if not self.draining and self.missing() > 0:
@@ -240,21 +283,54 @@ class Arbiter:
     # --- reading channels ---------------------------------------------------------------------
 
     def read_channel(self, handle: WorkerHandle) -> None:
-        while True:
+        """Act on what a child wrote, READ_BUDGET bytes at most (the selector calls again for
+        the rest). A child's lines are not trusted: one that is no message, a flood, or a
+        message this code fails on costs that child alone, which is killed (`bad_message`)."""
+        budget = READ_BUDGET
+        while budget > 0 and not handle.deaf:
             data = self.ops.read(handle.fd)
             if data == b"":
                 # End of file before the exit is reaped (or a grandchild still holds the
                 # pipe): stop watching, or the selector reports the fd readable forever.
                 self.watcher.unwatch(handle.fd)
+                handle.eof = True
             if not data:
                 return
-            for line in handle.buffer.feed(data):
+            budget -= len(data)
+            lines = handle.buffer.feed(data)
+            if handle.buffer.dropped:
+                self.bad_message(handle, f"a line over {channel.MAX_LINE} bytes")
+                return
+            now = self.clock()
+            if now - handle.lines_since >= 1.0:
+                handle.lines, handle.lines_since = 0, now
+            handle.lines += len(lines)
+            if handle.lines > FLOOD_LINES:
+                self.bad_message(handle, f"over {FLOOD_LINES} lines in a second (a flood)")
+                return
+            for line in lines:
                 try:
                     message = channel.decode(line)
+                    if isinstance(message, channel.Given):
+                        raise channel.ProtocolError("given is the supervisor's to send")
+                    self.on_message(handle, message)
                 except channel.ProtocolError as exc:
-                    log.warning("%s sent a bad line: %s", handle.label, exc)
-                    continue
-                self.on_message(handle, message)
+                    self.bad_message(handle, str(exc))
+                    return
+                except Exception as exc:  # a message this code cannot act on: its sender's
+                    log.exception("%s: acting on its message failed", handle.label)
+                    self.bad_message(handle, f"{type(exc).__name__}: {exc}")
+                    return
+
+    def bad_message(self, handle: WorkerHandle, why: str) -> None:
+        """Kill a child for what it wrote; what it writes from now on is not read. One warning
+        per child killed: a flood of bad lines is one line in the log."""
+        handle.deaf = True
+        self.watcher.unwatch(handle.fd)
+        log.warning("%s sent a bad message (%s): killing it", handle.label, why)
+        if handle.kill is None:
+            error = f"worker sent a bad message: {why}"
+            self.order_kill(handle, KillReason.BAD_MESSAGE, ErrorKind.CRASHED, error, grace=0)
 
     def on_message(self, handle: WorkerHandle, message: channel.Message) -> None:
         now = self.clock()
@@ -266,16 +342,15 @@ class Arbiter:
             handle.lease = held_lease(message, now)
             self.events.leased(handle.lease)
         elif isinstance(message, channel.Done):
-            if handle.lease is not None and handle.lease.step_id == message.step_id:
+            # Only a report naming the step and its token ends a lease's watch: a line the
+            # handler forged would otherwise switch its own timeout off.
+            if self.names(handle.lease, message.step_id, message.token):
                 self.step_finished(handle.lease, message)
                 handle.lease = None
             handle.steps += 1
-        elif isinstance(message, channel.Beat):
-            lease = handle.lease
-            if lease is not None and message.step_id in (None, lease.step_id):
-                lease.renewed_at = max(self.renewed_at(lease), renewal_time(message.since, now))
         elif isinstance(message, channel.Idle):
-            handle.lease = None
+            if self.names(handle.lease, message.step_id, message.token):
+                handle.lease = None  # a lease taken for it and never started, given back
         elif isinstance(message, channel.Want) and self.wants is not None:
             self.wants(handle, message)
         elif isinstance(message, channel.Scanned):
@@ -284,6 +359,10 @@ class Arbiter:
                 self.database_failed()
             elif message.counts:  # a pass that ran its sweeps: the database answered
                 self.database_answered()
+
+    @staticmethod
+    def names(lease: HeldLease | None, step_id: int | None, token: str | None) -> bool:
+        return lease is not None and lease.step_id == step_id and lease.token == token
 
     def handed_over(self, handle: WorkerHandle, leased: channel.Leased) -> HeldLease | None:
         """The worker finished its step and took a lease the supervisor held ready for it
@@ -323,6 +402,8 @@ class Arbiter:
             self.read_channel(handle)  # a last `done` or `leased` may still be in the pipe
             self.watcher.unwatch(handle.fd)
             self.ops.close(handle.fd)
+            if self.board is not None:
+                self.board.give_back(handle.slot)  # dead: nobody reads that slot any more
             self.after_exit(handle, status)
         if (self.draining or self.halted) and not self.children:
             self.finished = True
@@ -474,8 +555,7 @@ class Arbiter:
             elif lease is not None and lease.deadline_at is not None and now >= lease.deadline_at:
                 self.deadline_passed(handle, lease)
             elif lease is not None and now >= self.silent_at(lease) and self.still_silent(handle):
-                error = "worker stopped heartbeating"
-                self.order_kill(handle, KillReason.SILENT, ErrorKind.CRASHED, error)
+                self.kill_silent(handle, lease, now)
         if self.drain_deadline is not None and now >= self.drain_deadline:
             self.drain_deadline = None
             log.warning("shutdown_timeout passed: killing", extra={"action": "kill_all"})
@@ -485,9 +565,123 @@ class Arbiter:
     def renewed_at(lease: HeldLease) -> float:
         return lease.leased_at if lease.renewed_at is None else lease.renewed_at
 
+    # --- renewing -----------------------------------------------------------------------------
+
+    def next_renewal_at(self) -> float | None:
+        """When the next renewal statement is due (None: no lease to renew, or one in flight).
+
+        A lease is due a heartbeat interval after its last renewal; the statement then renews
+        every lease at least half that old too, so that the leases of a VM fall into step and
+        cost one statement a heartbeat interval, not one each."""
+        if self.renewer is None or self.config.heartbeat_interval <= 0:
+            return None
+        if self.renewer.in_flight:
+            return self.renewal_sent + RENEW_WAIT
+        due = [
+            self.renewed_at(h.lease) + self.config.heartbeat_interval
+            for h in self.busy() if h.kill is None and h.lease is not None
+            and h.os_state not in STOPPED
+        ]  # fmt: skip
+        if not due:
+            return None
+        return max(min(due), self.next_renewal_try)
+
+    def renew_leases(self) -> None:
+        """Renew, in one statement, the leases of the busy workers the OS vouches for (what it
+        costs, against each worker renewing its own: bench/README.md, "renewals.py")."""
+        if self.renewer is None:
+            return
+        now = self.clock()
+        if self.renewer.in_flight and now - self.renewal_sent > RENEW_WAIT:
+            self.renewer.close()
+            self.renewal_failed(TimeoutError(f"no answer in {RENEW_WAIT:.0f}s"))
+        if self.renewer.in_flight:
+            return
+        # A stopped worker's lease is not due (it is not renewed), but the worker is looked at
+        # again each tick: one resumed (SIGCONT) in time is renewed with the others.
+        for handle in self.busy():
+            if handle.kill is None and handle.os_state in STOPPED:
+                self.vouch(handle, now)
+        renew_at = self.next_renewal_at()
+        if renew_at is None or now < renew_at:
+            return
+        half = self.config.heartbeat_interval / 2
+        asked = {
+            h.lease.step_id: (h, h.lease.token) for h in self.busy()
+            if h.kill is None and h.lease is not None
+            and now - self.renewed_at(h.lease) >= half and self.vouch(h, now)
+        }  # fmt: skip
+        if not asked:
+            return
+        try:
+            self.renewer.send([(step_id, token) for step_id, (_, token) in asked.items()])
+        except Exception as exc:
+            self.renewal_failed(exc)
+            return
+        self.renewing, self.renewal_sent = asked, now
+
+    def vouch(self, handle: WorkerHandle, now: float) -> bool:
+        """Whether the OS says this worker runs: alive, not stopped, its channel open. A hung
+        handler passes (its step's timeout ends it); a frozen one does not, and is killed before
+        its lease can lapse. The CPU time is kept only to say how long it made no progress."""
+        state = self.ops.state(handle.pid)
+        if state is None:
+            handle.os_state = "X"  # gone: the reaper records its step
+            return False
+        handle.os_state, cpu = state
+        if cpu != handle.cpu:
+            handle.cpu, handle.cpu_still_since = cpu, now
+        return handle.os_state not in (*STOPPED, "Z", "X") and not handle.eof
+
+    def renewed(self, renewed: set[int]) -> None:
+        """The renewal statement's answer: the step ids whose leases it renewed."""
+        asked, sent = self.renewing, self.renewal_sent
+        self.renewing = {}
+        self.renewals_failing = False
+        log.debug(
+            "renewed %d of %d leases in one statement (%.1f ms)", len(renewed), len(asked),
+            (self.clock() - sent) * 1000, extra={"action": "renew"},
+        )  # fmt: skip
+        for step_id, (handle, token) in asked.items():
+            lease = handle.lease
+            if lease is None or lease.step_id != step_id or lease.token != token:
+                continue  # finished (or another step) since: nothing to say about it
+            if step_id in renewed:
+                lease.renewed_at = max(self.renewed_at(lease), sent)
+                if self.board is not None and handle.slot is not None:
+                    self.board.write(handle.slot, step_id, sent)
+            else:
+                # Revoked or reclaimed (or recorded a moment ago): the database says which.
+                self.notified = True
+
+    def renewal_failed(self, exc: Exception) -> None:
+        """The renewal statement failed or could not be sent: the leases are not renewed; the
+        workers are killed as their trust runs out, for the lost session (`kill_silent`)."""
+        if not self.renewals_failing:
+            log.warning("could not renew the workers' leases: %s", exc, extra={"action": "renew"})
+        self.renewing = {}
+        self.renewals_failing = True
+        self.next_renewal_try = self.clock() + min(RENEW_RETRY, self.config.heartbeat_interval / 4)
+
+    def kill_silent(self, handle: WorkerHandle, lease: HeldLease, now: float) -> None:
+        """Its lease was not renewed in time and may lapse: SIGKILL now, saying why."""
+        if handle.os_state in STOPPED:
+            still = now - handle.cpu_still_since
+            error = f"worker frozen (stopped, no CPU for {still:.1f}s): its lease was not renewed"
+            self.order_kill(handle, KillReason.FROZEN, ErrorKind.CRASHED, error)
+        elif self.renewals_failing or lease.step_id in self.renewing:
+            # Not the step's doing: it goes back with its attempt not spent, when the database
+            # takes the release; when it does not, the lease lapses (see operators.md).
+            error = "the supervisor lost its database session: the lease could not be renewed"
+            self.order_kill(handle, KillReason.LOST_SESSION, None, error, release=True)
+        else:
+            why = "its channel closed" if handle.eof else "the supervisor was late"
+            error = f"lease not renewed in time ({why})"
+            self.order_kill(handle, KillReason.SILENT, ErrorKind.CRASHED, error)
+
     def still_silent(self, handle: WorkerHandle) -> bool:
         """Read what the worker sent before killing it for silence: after a stall of our own
-        (a resumed freeze) a renewal may be waiting in its pipe."""
+        (a resumed freeze) its `done` may be waiting in its pipe."""
         lease = handle.lease
         self.read_channel(handle)
         return handle.lease is lease and lease is not None and self.clock() >= self.silent_at(lease)
@@ -607,19 +801,25 @@ class Arbiter:
             budget -= 1
 
     def spawn(self, role: Role, number: int = 0) -> bool:
-        main = (
-            self.factory.scanner_main()
-            if role is Role.SCANNER
-            else self.factory.worker_main(number)
-        )
+        slot = None
+        if role is Role.SCANNER:
+            main = self.factory.scanner_main()
+        else:
+            slot = self.board.take() if self.board is not None else None
+            if slot is None and self.board is not None:
+                # Without one it never learns of a renewal: each step ends at its first trust.
+                log.error("no renewal slot left for a new worker", extra={"action": "spawn"})
+            main = self.factory.worker_main(number, slot)
         try:
             pid, fd = self.ops.spawn(main, close_fds=[h.fd for h in self.children.values()])
         except OSError as exc:
             log.error("fork failed: %s", exc, extra={"action": "spawn"})
+            if self.board is not None:
+                self.board.give_back(slot)
             self.next_spawn_at = self.clock() + BOOT_BACKOFF
             return False
         now = self.clock()
-        handle = WorkerHandle(pid, role, number, self.generation, fd, now, now)
+        handle = WorkerHandle(pid, role, number, self.generation, fd, now, now, slot=slot)
         self.children[pid] = handle
         self.watcher.watch(fd)
         log.info("spawned %s", handle.label, extra={"action": "spawn"})

@@ -30,8 +30,13 @@ class KillReason(enum.StrEnum):
     CANCEL = "cancel"
     DEADLINE = "deadline"
     SHUTDOWN = "shutdown"
-    SILENT = "silent"  # busy but its lease not renewed in time: it may lapse; SIGKILL at once
+    # Busy, and its lease not renewed in time: it may lapse, so SIGKILL at once. Why it was not
+    # renewed tells the three apart (docs/operators.md, "One step, one worker"):
+    FROZEN = "frozen"  # the OS said it was stopped (SIGSTOP, a debugger): not vouched for
+    LOST_SESSION = "lost_session"  # the supervisor's renewals failed or got no answer
+    SILENT = "silent"  # neither: its channel closed, or the supervisor itself was late
     LEASE_EXPIRED = "lease_expired"  # a scanner reclaimed the lease: someone else runs it now
+    BAD_MESSAGE = "bad_message"  # it wrote a line that is no message, or flooded its channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,20 @@ class WorkerHandle:
     retiring: bool = False
     kill: KillOrder | None = None
     buffer: LineBuffer = field(default_factory=LineBuffer)
+    # Its slot on the RenewalBoard (child/lease.py): where its lease's renewals are written.
+    slot: int | None = None
+    # What the OS said at the last look (supervisor/liveness.py): the /proc state letter, the
+    # CPU time used (clock ticks), and since when (arbiter clock) that time has not moved.
+    os_state: str = ""
+    cpu: int = -1
+    cpu_still_since: float = 0.0
+    # Its channel reached end of file: it is leaving (or broken), nothing vouches for it.
+    eof: bool = False
+    # Killed for a bad message or a flood: whatever else it writes is not read.
+    deaf: bool = False
+    # Lines read in the current second (see Arbiter.read_channel), and when it began.
+    lines: int = 0
+    lines_since: float = 0.0
 
     @property
     def busy(self) -> bool:

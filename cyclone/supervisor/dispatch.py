@@ -503,9 +503,9 @@ class Dispatcher:
             outcome = "completed" if step_id in result.completed else "lost"
             if outcome == "lost":
                 log.warning("step %d: lease lost, result discarded", step_id)
-            arbiter.step_finished(
-                taken_one.held, channel.Done(step_id, outcome, taken_one.duration)
-            )
+            arbiter.step_finished(taken_one.held, channel.Done(
+                step_id, outcome, taken_one.duration, token=taken_one.finished["token"]
+            ))  # fmt: skip
         for i in range(len(ahead)):
             row = result.leases.get(len(leasing) + i)
             if row is not None:
@@ -527,7 +527,9 @@ class Dispatcher:
                 step_id = want.finished["step_id"]
                 recorded = step_id in result.completed
                 outcome = "completed" if recorded else "lost"
-                arbiter.on_message(handle, channel.Done(step_id, outcome, want.duration or 0.0))
+                arbiter.on_message(handle, channel.Done(
+                    step_id, outcome, want.duration or 0.0, token=want.finished["token"]
+                ))  # fmt: skip
             row = result.leases.get(slot.get(id(handle), -1))
             if row is not None:
                 arbiter.on_message(handle, leased(row, sent))

@@ -36,11 +36,27 @@ class Store(Protocol):
 
 
 class ChildFactory(Protocol):
-    """Builds a child's object before the fork; the returned main runs after it."""
+    """Builds a child's object before the fork; the returned main runs after it. A worker
+    reads its lease's renewals from `slot` of the RenewalBoard (child/lease.py)."""
 
-    def worker_main(self, number: int) -> ChildMain: ...
+    def worker_main(self, number: int, slot: int | None = None) -> ChildMain: ...
 
     def scanner_main(self) -> ChildMain: ...
+
+
+class Renewals(Protocol):
+    """The session that renews the workers' leases (supervisor/renewal.py). `send` does not
+    wait for the answer: the loop hands it to `Arbiter.renewed` (or `renewal_failed`)."""
+
+    @property
+    def in_flight(self) -> bool: ...
+
+    def send(self, leases: list[tuple[int, str]]) -> None:
+        """Send one statement renewing every (step id, token); raises psycopg.Error when it
+        cannot be sent (no session)."""
+
+    def close(self) -> None:
+        """Drop the session (a statement that never answered goes with it)."""
 
 
 class Watcher(Protocol):

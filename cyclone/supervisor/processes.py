@@ -64,6 +64,9 @@ class ProcessOps(Protocol):
 
     def close(self, fd: int) -> None: ...
 
+    def state(self, pid: int) -> tuple[str, int] | None:
+        """The process's state letter and CPU ticks (see proc_state); None when gone."""
+
 
 class OsProcessOps:
     """ProcessOps on the real operating system."""
@@ -187,3 +190,38 @@ class OsProcessOps:
     def close(self, fd: int) -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+    def state(self, pid: int) -> tuple[str, int] | None:
+        return proc_state(pid)
+
+
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
+def proc_state(pid: int) -> tuple[str, int] | None:
+    """What the kernel says of a process: its state letter (R, S, D, T stopped, t traced, Z...)
+    and the CPU time it used (utime + stime, in clock ticks); None when it is gone.
+
+    One read of /proc/PID/stat: the supervisor looks at each busy worker once per renewal,
+    whatever its handler does, since no thread of the worker has to answer."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        if _HAS_PROC:
+            return None
+        # No /proc (not Linux): alive or not is all the OS says here, so a stopped worker is
+        # not told from a running one, and is renewed until its step's timeout ends it.
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "R", 0
+    # The command name may hold spaces and parentheses: the fields start after the last ")".
+    fields = text[text.rfind(b")") + 2 :].split()
+    try:
+        return fields[0].decode(), int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return None

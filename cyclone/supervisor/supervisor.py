@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from cyclone.child.lease import RenewalBoard
 from cyclone.child.proctitle import set_title, supervisor_title
 from cyclone.child.session import connect_briefly
 from cyclone.config import Settings, load_config
@@ -35,6 +36,7 @@ from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.processes import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
+from cyclone.supervisor.renewal import Renewer
 from cyclone.supervisor.served import (
     RELOAD_APPLIES,
     RELOAD_KEEPS,
@@ -65,6 +67,7 @@ PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
 _WAKEUP, _LISTENER, _CHILD = "wakeup", "listener", "child"
 _DISPATCH = "dispatch"
+_RENEW = "renew"
 # The exit status of a start-up that a setting makes impossible (as for a bad config file):
 # systemd's RestartPreventExitStatus=2 keeps it from restarting in a loop.
 EXIT_CONFIG = 2
@@ -96,8 +99,9 @@ class ChildBuilder:
     settings: Settings
     dsn: str
     registry: Registry
+    board: RenewalBoard | None = None
 
-    def worker_main(self, number: int) -> ChildMain:
+    def worker_main(self, number: int, slot: int | None = None) -> ChildMain:
         options = WorkerOptions(
             number=number,
             dsn=self.dsn,
@@ -109,7 +113,7 @@ class ChildBuilder:
             max_memory=self.settings.worker.max_memory,
             own_workflows=leasing_alone(self.registry, self.settings),
         )
-        return Worker(options, self.registry, parent=os.getpid()).run
+        return Worker(options, self.registry, os.getpid(), self.board, slot).run
 
     def scanner_main(self) -> ChildMain:
         options = ScannerOptions(
@@ -117,6 +121,7 @@ class ChildBuilder:
             interval=self.settings.scanner.interval,
             batch_size=self.settings.scanner.batch_size,
             retention=self.settings.scanner.retention,
+            lease_ttl=self.settings.worker.lease_ttl,
         )
         return Scanner(options, parent=os.getpid()).run
 
@@ -155,6 +160,13 @@ class Supervisor:
             unwatch=self.unwatch, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
         )  # fmt: skip
+        # Made before any fork, so that every worker shares it (child/lease.py).
+        self.board = RenewalBoard()
+        self.renewer = Renewer(
+            dsn, lease_ttl=settings.worker.lease_ttl,
+            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _RENEW),
+            unwatch=self.unwatch,
+        )  # fmt: skip
 
     def queue_of(self, workflow: str) -> str:
         return self.loaded[workflow].queue if workflow in self.loaded else "default"
@@ -184,9 +196,9 @@ class Supervisor:
         store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
-            factory=ChildBuilder(self.settings, self.dsn, self.registry),
+            factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
-            wants=self.dispatcher.want,
+            wants=self.dispatcher.want, renewer=self.renewer, board=self.board,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
@@ -208,6 +220,7 @@ class Supervisor:
             self.presence.withdraw()
             self.listener.close()
             self.dispatcher.close()
+            self.renewer.close()
             store.close()
             if self.metrics_server is not None:
                 self.metrics_server.close()
@@ -253,6 +266,9 @@ class Supervisor:
                 tick = self.read_listener() or tick
             elif key.data == _DISPATCH:
                 self.dispatcher.on_readable(key.fd, self.arbiter)  # type: ignore[arg-type]
+            elif key.data == _RENEW:
+                self.renewer.on_readable(self.arbiter)
+                tick = True  # a lease found revoked is checked (and its worker killed) now
             else:
                 self.arbiter.on_readable(key.fd)  # type: ignore[arg-type]
                 self.presence.mark_changed()
@@ -380,9 +396,10 @@ class Supervisor:
         self.registry = serving(self.loaded, settings)
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
+        self.renewer.lease_ttl = settings.worker.lease_ttl
         log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")
         self.warn_unserved()
-        return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry)
+        return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry, self.board)
 
     def warn_unserved(self) -> None:
         """Name the workflows whose running runs no worker (ours or another live

@@ -1,8 +1,9 @@
 """The worker process: one step at a time, every write fenced by its lease.
 
 Forked by the supervisor, it opens its own connection, joins its own process group and dies
-with its parent. It runs the handler in its main thread; a keeper thread (keeper.py) renews
-the lease meanwhile and relays a stop to `ctx.done`:
+with its parent. It runs the handler in its main thread; its supervisor renews the lease
+meanwhile (one statement for all its workers), and a keeper thread (keeper.py) relays a stop
+to `ctx.done` and ends the process if the renewals stop coming:
 
                        nothing due: sleep poll_interval
                          +-------+
@@ -11,9 +12,10 @@ the lease meanwhile and relays a stop to `ctx.done`:
                        |  ^
                  lease |  | done: record the outcome fenced, tell the supervisor
                        v  |
-                    [ busy ] --heartbeat every heartbeat_interval, `beat` on the pipe
+                    [ busy ] --the supervisor renews every heartbeat_interval
                        |
-                       +--lease not renewed in time / revoked----> exit LEASE_LOST
+                       +--lease not renewed in time---------------> exit LEASE_LOST
+                       +--revoked: the supervisor kills it
                        +--SIGTERM: ctx.done set, handler returns--> exit STOPPED (no write)
                        +--supervisor gone-------------------------> exit ORPHANED
 

@@ -1,4 +1,4 @@
-"""The worker process: lease one step, run it while heartbeating, record it, repeat."""
+"""The worker process: lease one step, run it (its supervisor renews the lease), record it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import psycopg
 from cyclone import engine, runner
 from cyclone.child import channel, environ, limits, reaper
 from cyclone.child.channel import Channel, ExitCode
+from cyclone.child.lease import RenewalBoard
 from cyclone.child.process import (
     CONNECT_TIMEOUT,
     ChildExit,
@@ -62,8 +63,19 @@ ANSWER_POLL = 1.0
 class Worker:
     """Built in the supervisor before the fork; `run` is the child's main after it."""
 
-    def __init__(self, options: WorkerOptions, registry: Registry, parent: int) -> None:
+    def __init__(
+        self,
+        options: WorkerOptions,
+        registry: Registry,
+        parent: int,
+        board: RenewalBoard | None = None,
+        slot: int | None = None,
+    ) -> None:
         self.options = options
+        # Where the supervisor says when it renewed this worker's lease (child/lease.py); a
+        # worker without one (forked alone, in tests) trusts a lease for one term only.
+        self.board = board
+        self.slot = slot
         self.registry = registry
         self.parent = parent
         self.stop_requested = False  # SIGTERM: leave the current step, record nothing
@@ -107,11 +119,10 @@ class Worker:
                 log.error("worker %d cannot connect: %s", self.options.number, exc)
                 return ExitCode.BOOT_ERROR
             self.keeper = LeaseKeeper(
-                db=self.db, channel=self.channel, wakeup=self.wakeup,
-                lease_ttl=self.options.lease_ttl,
+                wakeup=self.wakeup, lease_ttl=self.options.lease_ttl,
                 heartbeat_interval=self.options.heartbeat_interval,
                 on_signal=self._on_signal_seen, stopping=lambda: self.stop_requested,
-                parent=self.parent,
+                parent=self.parent, board=self.board, slot=self.slot,
             )  # fmt: skip
             self.keeper.start()
             self.channel.send(channel.Ready())
@@ -218,7 +229,7 @@ class Worker:
         if self.given:
             # The supervisor saw this lease taken: it must not count it as held any more.
             self.given = False
-            self.channel.send(channel.Idle())
+            self.channel.send(channel.Idle(step_id=lease.step_id, token=lease.token))
         try:
             engine.release_step(self.db(), lease.step_id, lease.token)
         except psycopg.Error as exc:
@@ -319,6 +330,7 @@ class Worker:
             step_id=lease.step_id, outcome=result, duration=duration,
             error=None if outcome.ok else channel.first_line(outcome.error),
             retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
+            token=lease.token,
         )  # fmt: skip
         if nxt is None:
             self.channel.send(report)
@@ -404,5 +416,7 @@ class Worker:
 
     def check_trust(self, lease: Lease, renewed_at: float, exc: Exception) -> None:
         ttl, beat = self.options.lease_ttl, self.options.heartbeat_interval
+        # The supervisor renews the lease while the worker retries its record.
+        renewed_at = self.keeper.renewed_at(lease, renewed_at)
         if not may_go_on(lease, renewed_at, ttl, beat, exc):
             raise ChildExit(ExitCode.LEASE_LOST)

@@ -250,6 +250,11 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         **dict.fromkeys(FLOOR_KEYS),
     },
     "step_heartbeat": lambda b: _fenced(b, ttl=30.0),
+    "steps_renew": lambda b: {
+        "step_ids": [lease.step_id for lease in b.leases.values()],
+        "tokens": [lease.token for lease in b.leases.values()],
+        "ttl": 30.0, "now": None,
+    },
     "step_fail": lambda b: _fenced(
         b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
     ) | {"kind": "error"},
@@ -295,7 +300,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_queued_deadlines": lambda b: {"batch_size": 500, "now": None},
     # The scanner's sweeps: nothing is due, so nothing may be read.
     "sweep_deadlines": lambda b: {"batch_size": 500, "now": None},
-    "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None},
+    "sweep_expired_leases": lambda b: {"batch_size": 500, "now": None, "outage_grace": 30.0},
     "sweep_max_wait": lambda b: {"batch_size": 500, "now": None},
     "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},

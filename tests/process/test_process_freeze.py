@@ -72,11 +72,12 @@ def test_workers_frozen_past_their_lease_never_overlap_the_attempt_that_replaced
     assert overlaps(steps) == []
     # The freezes cost attempts: a frozen worker was killed and its step ran again.
     assert sum(len(attempts) - 1 for attempts in steps.values()) >= len(frozen) // 2
-    # Frozen workers were killed as silent (SIGKILL at once, before their leases lapsed), or
-    # for their reclaimed lease when the supervisor itself was held up (a loaded machine).
-    kills = re.findall(r"killing worker \d \(pid \d+\) step \d+ .*: (silent|lease_expired)",
+    # Frozen workers were killed as frozen (the OS said stopped, so the supervisor did not renew
+    # their leases, and SIGKILLed them before the leases could lapse), or for their reclaimed
+    # lease when the supervisor itself was held up (a loaded machine).
+    kills = re.findall(r"killing worker \d \(pid \d+\) step \d+ .*: (frozen|lease_expired)",
                        sup.log())  # fmt: skip
-    assert len(kills) >= len(frozen) // 2 and kills.count("silent") >= len(kills) // 2
+    assert len(kills) >= len(frozen) // 2 and kills.count("frozen") >= len(kills) // 2
 
 
 def in_flight(env, run_ids: list[str]) -> int:
@@ -123,3 +124,29 @@ def test_a_worker_resumed_past_its_lease_under_a_frozen_supervisor_runs_no_more_
     assert re.search(r"resumed past its lease|step \d+: lease not renewed in time", sup.log())
     wait_for(lambda: completed(env, run_id), 20, "the run to complete")
     assert overlaps(read_ledger(tmp_path)) == []
+
+
+def test_a_worker_whose_supervisor_is_frozen_ends_itself_before_its_lease_lapses(
+    env, supervisor, tmp_path
+) -> None:
+    """Its supervisor renews its lease: frozen, it renews nothing, and the worker's keeper,
+    which finds no renewal in the memory they share, ends the worker (exit 4) before the
+    lease can lapse and another host's worker take the step."""
+    from proc_flows import ledger
+
+    sup = supervisor(workers=1, **LEASES)
+    run_id = env.client.submit(ledger, {"dir": str(tmp_path), "seconds": 6.0})
+    worker = wait_for(lambda: busy_workers(tmp_path, sup.workers()), 10, "the step to start")[0]
+    os.kill(sup.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        wait_for(lambda: not alive(worker), 10, "the worker to end itself")
+        # Within the lease's trust (lease_ttl - heartbeat_interval) of its last renewal.
+        assert time.monotonic() - frozen_at < TTL + 0.5
+        supervisor(workers=1, **LEASES)  # another host's: it takes the step once reclaimed
+        wait_for(lambda: 2 in next(iter(read_ledger(tmp_path).values())), 15, "attempt 2")
+    finally:
+        os.kill(sup.pid, signal.SIGCONT)
+    wait_for(lambda: completed(env, run_id), 20, "the run to complete")
+    assert overlaps(read_ledger(tmp_path)) == []
+    assert re.search(r"step \d+: lease not renewed in time", sup.log())

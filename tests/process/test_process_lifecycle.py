@@ -117,8 +117,8 @@ def test_a_stopped_worker_is_killed_once_silent_for_a_lease_and_its_step_complet
     stopped = next(pid for pid in sup.workers() if _runs_step(pid, tmp_path))
     os.kill(stopped, signal.SIGSTOP)
     try:
-        # No heartbeat for a whole lease (3 s): the supervisor kills it, the scanner or the
-        # supervisor fails the attempt, and the other worker runs the step again.
+        # Stopped, it is not renewed: the supervisor kills it before its lease (3 s) can lapse,
+        # the scanner or the supervisor fails the attempt, and the other worker runs it again.
         wait_for(lambda: completed(env, run_id), 15, "the run to complete elsewhere")
         wait_for(lambda: not alive(stopped), 5, "the stopped worker to be killed")
     finally:
@@ -128,9 +128,9 @@ def test_a_stopped_worker_is_killed_once_silent_for_a_lease_and_its_step_complet
     work = next(s for s in env.client.steps(run_id) if s.node == "work")
     assert (work.state, work.attempt) == (StepState.COMPLETED, 2)
     assert env.client.get_run(run_id).output == {"after": 2}
-    # Killed as silent, or for its reclaimed lease if the scanner got there first.
+    # Killed as frozen, or for its reclaimed lease if the scanner got there first.
     assert re.search(
-        r"killing worker \d \(pid \d+\) step \d+ .*: (silent|lease_expired)", sup.log()
+        r"killing worker \d \(pid \d+\) step \d+ .*: (frozen|lease_expired)", sup.log()
     )
 
 

@@ -65,8 +65,8 @@ def test_a_postgres_restart_under_load_loses_nothing_and_completes_every_run_onc
 def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
     env, supervisor, tmp_path
 ) -> None:
-    """SIGSTOP the worker *and* its supervisor: otherwise the supervisor kills a worker that
-    stops heartbeating (test_process_lifecycle checks that), and no late write is ever tried.
+    """SIGSTOP the worker *and* its supervisor: otherwise the supervisor kills a worker the OS
+    says is stopped (test_process_lifecycle checks that), and no late write is ever tried.
     Stopped together they are what a frozen VM or a long GC pause would leave: a scanner
     reclaims the lease and another host's worker runs the step again. Then the frozen worker
     wakes first."""
@@ -92,7 +92,7 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
         os.kill(frozen, signal.SIGCONT)
         # Its clock tells it the lease may have lapsed: it exits before its handler runs on
         # (its SIGCONT handler or its lease keeper, whichever runs first; or, were its clock
-        # wrong, its fenced heartbeat or record finds the lease gone).
+        # wrong, its fenced record finds the lease gone).
         wait_for(
             lambda: re.search(r"lease lost|resumed past its lease|not renewed in time", sup.log()),
             10, "the woken worker to find its lease gone",
@@ -104,8 +104,8 @@ def test_a_worker_frozen_past_its_lease_changes_nothing_when_it_wakes(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     # Awake again, the supervisor keeps its worker: the woken one, if it found the lease gone
-    # when recording (it drops the result and goes on), or a replacement, if it found out
-    # when heartbeating (it leaves with LEASE_LOST).
+    # when recording (it drops the result and goes on), or a replacement, if its keeper found
+    # no renewal in time (it leaves with LEASE_LOST).
     wait_for(lambda: len(sup.workers()) == 1, 10, "its worker")
     assert sup.popen.poll() is None
 

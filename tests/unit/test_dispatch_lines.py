@@ -49,14 +49,15 @@ def test_an_answer_without_a_lease_says_what_became_of_the_finished_step() -> No
 
 
 def test_a_want_line_decodes_with_its_finished_task() -> None:
+    token, run = "7a4c3c52-9d1e-4c4b-9c61-0a1b2c3d4e5f", "0d9f6a3e-1b2c-4d5e-8f90-a1b2c3d4e5f6"
     line = (
-        b'want {"lease":true,"duration":0.25,"finished":{"step_id":7,"token":"t",'
-        b'"run_id":"r","last":false,"next":[{"node":"b"}],"output":{"x":[1,2]}}}\n'
-    )
+        b'want {"lease":true,"duration":0.25,"finished":{"step_id":7,"token":"%s",'
+        b'"run_id":"%s","last":false,"next":[{"node":"b"}],"output":{"x":[1,2]}}}\n'
+    ) % (token.encode(), run.encode())
     message = channel.decode(line)
     assert message == channel.Want(
         lease=True, duration=0.25,
-        finished={"step_id": 7, "token": "t", "run_id": "r", "last": False,
+        finished={"step_id": 7, "token": token, "run_id": run, "last": False,
                   "next": [{"node": "b"}], "output": {"x": [1, 2]}},
     )  # fmt: skip
 

@@ -6,7 +6,7 @@ import signal
 from dataclasses import replace
 
 import pytest
-from fakes import CONFIG, FakeFactory, Harness
+from fakes import CONFIG, FakeFactory, Harness, tok
 
 from cyclone.child import channel
 from cyclone.engine import FINISHED
@@ -56,7 +56,7 @@ def test_a_step_past_its_timeout_gets_sigterm_then_its_group_sigkill_after_kill_
     assert ("group", signal.SIGKILL) in h.ops.signals_to(pid)
     assert h.store.failed == []  # recorded only once the process is dead
     h.exit(pid, KILLED)
-    assert h.store.failed == [(7, "tok-7", ErrorKind.TIMEOUT, "attempt 1 ran past its timeout")]
+    assert h.store.failed == [(7, tok(7), ErrorKind.TIMEOUT, "attempt 1 ran past its timeout")]
     assert h.arbiter.kills == {KillReason.TIMEOUT: 1}
 
 
@@ -98,7 +98,7 @@ def test_a_worker_dying_on_its_own_mid_step_fails_the_attempt_as_crashed_at_once
     h.clock.advance(FAST_EXIT)
     h.lease(pid, kill_after=None)
     h.exit(pid, ExitStatus(code=42))
-    assert h.store.failed == [(7, "tok-7", ErrorKind.CRASHED, "worker process exited with 42")]
+    assert h.store.failed == [(7, tok(7), ErrorKind.CRASHED, "worker process exited with 42")]
     assert len(h.workers()) == 2
 
 
@@ -114,7 +114,7 @@ def test_a_worker_crashing_right_after_boot_is_respawned_with_backoff(h: Harness
 def test_an_idle_worker_exiting_records_nothing(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid)
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=0.1, token=tok(7)))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
     assert len(h.workers()) == 2
@@ -124,7 +124,8 @@ def test_a_done_message_still_in_the_pipe_at_exit_is_read_first(h: Harness) -> N
     pid = h.started()[0]
     h.lease(pid)
     fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7))
+    h.ops.pipes[fd].append(channel.encode(done))
     h.exit(pid, ExitStatus(code=channel.ExitCode.RECYCLE))
     assert h.store.failed == []
 
@@ -182,7 +183,8 @@ def test_a_revocation_of_a_step_the_worker_already_finished_kills_nobody(h: Harn
     h.lease(pid, kill_after=None)
     h.store.revocations = {7: None}
     fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Done(step_id=7, outcome="completed", duration=1)))
+    done = channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7))
+    h.ops.pipes[fd].append(channel.encode(done))
     h.arbiter.on_notify()
     # The done line arrives between the query and the decision.
     h.arbiter.tick()
@@ -199,7 +201,7 @@ def test_a_step_its_worker_recorded_but_has_not_reported_yet_kills_nobody(h: Har
     h.arbiter.on_notify()
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.clock.advance(REPORT_WAIT)
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == [] and h.arbiter.kills == {}
@@ -230,7 +232,7 @@ def test_a_worker_killed_for_one_step_while_holding_the_next_fails_the_next_as_c
     h.lease(pid, step_id=7, kill_after=1.0)
     h.clock.advance(1.0)
     h.arbiter.tick()  # kill ordered for step 7
-    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.lease(pid, step_id=8, kill_after=None)
     h.exit(pid, KILLED)
     assert [(f[0], f[2]) for f in h.store.failed] == [(8, ErrorKind.CRASHED)]
@@ -271,45 +273,143 @@ def test_a_timeout_shorter_than_the_deadline_is_a_timeout(h: Harness) -> None:
     assert h.arbiter.children[pid].kill.reason is KillReason.TIMEOUT
 
 
-def test_a_worker_whose_lease_is_not_renewed_is_sigkilled_a_heartbeat_before_it_lapses(
+def test_the_supervisor_renews_a_busy_workers_lease_every_heartbeat_whatever_it_does(
+    h: Harness,
+) -> None:
+    # Nothing comes from the worker (its handler holds the GIL, say): the OS vouches for it.
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    for _ in range(20):  # 40 s: five leases' worth
+        assert h.arbiter.next_wakeup() <= h.clock() + 2.0
+        h.clock.advance(2.0)
+        h.arbiter.tick()
+        assert h.renewer.sent[-1] == [(7, tok(7))]
+        h.renewed(7)
+    assert len(h.renewer.sent) == 20 and h.arbiter.children[pid].kill is None
+
+
+def test_one_statement_renews_every_lease_that_is_due_or_half_due(h: Harness) -> None:
+    first, second = h.started()
+    h.lease(first, step_id=7, kill_after=None)
+    h.clock.advance(0.9)
+    h.lease(second, step_id=8, kill_after=None)
+    h.clock.advance(1.1)
+    h.arbiter.tick()  # 7 is due; 8, over half a heartbeat old, goes along
+    assert h.renewer.sent == [[(7, tok(7)), (8, tok(8))]]
+    h.renewed(7, 8)
+    h.clock.advance(1.9)
+    h.arbiter.tick()
+    assert len(h.renewer.sent) == 1  # both renewed together: not due yet
+    h.clock.advance(0.1)
+    h.arbiter.tick()
+    assert h.renewer.sent[-1] == [(7, tok(7)), (8, tok(8))]
+
+
+def test_a_stopped_worker_is_not_renewed_and_is_sigkilled_a_heartbeat_before_its_lease_lapses(
     h: Harness,
 ) -> None:
     # lease_ttl 10 s, heartbeat 2 s: the lease is acted on for 8 s after its last renewal.
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
-    h.clock.advance(5.0)
-    h.send(pid, channel.Beat(step_id=7, since=h.clock() - 0.5))  # sent 0.5 s before it arrived
-    h.clock.advance(7.4)
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.renewed(7)  # renewed by the statement sent at +2 s: acted on until +10 s
+    h.ops.states[pid] = ("T", 31)  # SIGSTOP
+    for _ in range(15):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+    assert len(h.renewer.sent) == 1  # nothing vouched for it since
+    h.clock.advance(0.4)
     h.arbiter.tick()
     assert h.ops.signals_to(pid) == []
     assert h.arbiter.next_wakeup() == pytest.approx(h.clock() + 0.1)
     h.clock.advance(0.1)
     h.arbiter.tick()
     kill = h.arbiter.children[pid].kill
-    assert kill is not None and kill.reason is KillReason.SILENT
+    assert kill is not None and kill.reason is KillReason.FROZEN
+    assert kill.record is ErrorKind.CRASHED and "frozen (stopped, no CPU" in kill.error
     # No SIGTERM first: the step may go to another worker, so the kill is at once.
     assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
 
 
-def test_a_renewal_waiting_unread_in_the_pipe_spares_the_worker(h: Harness) -> None:
-    # The supervisor itself stalled (frozen, or a slow call) while its worker went on renewing.
+def test_a_worker_resumed_before_its_trust_ran_out_is_renewed_again(h: Harness) -> None:
     pid = h.started()[0]
     h.lease(pid, kill_after=None)
-    h.clock.advance(9.0)
-    fd = h.arbiter.children[pid].fd
-    h.ops.pipes[fd].append(channel.encode(channel.Beat(step_id=7, since=h.clock() - 0.2)))
+    h.ops.states[pid] = ("T", 0)
+    h.clock.advance(2.0)
     h.arbiter.tick()
-    assert h.arbiter.children[pid].kill is None and h.ops.signals_to(pid) == []
-
-
-def test_a_beat_of_another_step_renews_nothing(h: Harness) -> None:
-    pid = h.started()[0]
-    h.lease(pid, kill_after=None)
-    h.clock.advance(5.0)
-    h.send(pid, channel.Beat(step_id=8, since=h.clock()))
+    assert h.renewer.sent == []
     h.clock.advance(3.0)
+    h.ops.states[pid] = ("S", 0)  # SIGCONT
     h.arbiter.tick()
-    assert h.arbiter.children[pid].kill.reason is KillReason.SILENT
+    assert h.renewer.sent == [[(7, tok(7))]]
+
+
+def test_a_failed_renewal_kills_for_the_lost_session_and_gives_the_step_back(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.renewer.fail = ConnectionError("the database is gone")
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+        if h.arbiter.children[pid].kill is not None:
+            break
+    kill = h.arbiter.children[pid].kill
+    assert kill is not None and kill.reason is KillReason.LOST_SESSION
+    assert h.clock() == pytest.approx(1008.0)  # at the end of the lease's trust, not before
+    assert h.ops.signals_to(pid) == [("group", signal.SIGKILL), ("pid", signal.SIGKILL)]
+    h.exit(pid, ExitStatus(signal=signal.SIGKILL))
+    assert h.store.released == [(7, tok(7))] and h.store.failed == []
+
+
+def test_a_renewal_left_unanswered_kills_for_the_lost_session(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()  # the statement sent at +2 s never answers
+    assert h.arbiter.children[pid].kill.reason is KillReason.LOST_SESSION
+
+
+def test_a_lease_the_renewal_did_not_find_is_asked_about_and_its_worker_killed(
+    h: Harness,
+) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.arbiter.set_notifications(True)
+    h.arbiter.tick()
+    calls = h.store.revoked_calls
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.store.revocations[7] = "cancelled"
+    h.renewed()  # the token no longer matched
+    h.arbiter.tick()
+    assert h.store.revoked_calls == calls + 1
+    assert h.arbiter.children[pid].kill.reason is KillReason.CANCEL
+
+
+def test_a_renewal_answered_after_its_worker_moved_on_renews_nothing(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, step_id=7, kill_after=None)
+    h.clock.advance(2.0)
+    h.arbiter.tick()
+    h.send(pid, channel.Done(step_id=7, outcome="completed", duration=2.0, token=tok(7)))
+    h.lease(pid, step_id=8, kill_after=None, since=h.clock() - 1.0)
+    h.renewed(7)
+    assert h.arbiter.children[pid].lease.renewed_at == pytest.approx(h.clock() - 1.0)
+
+
+def test_a_worker_whose_channel_closed_is_not_vouched_for(h: Harness) -> None:
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.ops.pipes[h.arbiter.children[pid].fd].append(b"")  # end of file
+    h.arbiter.on_readable(h.arbiter.children[pid].fd)
+    for _ in range(16):
+        h.clock.advance(0.5)
+        h.arbiter.tick()
+    assert h.renewer.sent == []
+    kill = h.arbiter.children[pid].kill
+    assert kill.reason is KillReason.SILENT and "channel closed" in kill.error
 
 
 def test_a_lease_runs_from_when_its_statement_was_sent_not_from_when_its_line_arrived(
@@ -399,7 +499,7 @@ def test_sigterm_drains_workers_and_exits_once_they_are_gone(h: Harness) -> None
         if pid != pids[0]:
             h.exit(pid, CLEAN)
     assert not h.arbiter.finished and len(h.ops.spawned) == 3  # no respawn while draining
-    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1))
+    h.send(pids[0], channel.Done(step_id=7, outcome="completed", duration=1, token=tok(7)))
     h.exit(pids[0], CLEAN)
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.store.failed == []
@@ -417,7 +517,7 @@ def test_a_drain_past_shutdown_timeout_kills_and_releases(h: Harness) -> None:
     h.arbiter.tick()
     # A planned stop is not the step's doing: released, its attempt not spent.
     assert h.store.failed == []
-    assert h.store.released == [(7, "tok-7")]
+    assert h.store.released == [(7, tok(7))]
     assert h.arbiter.finished and h.arbiter.exit_code == 0
     assert h.arbiter.kills[KillReason.SHUTDOWN] == 3
 
@@ -430,7 +530,7 @@ def test_a_second_stop_signal_releases_the_steps_it_kills(h: Harness) -> None:
     for pid in list(h.arbiter.children):
         h.ops.exits.append((pid, KILLED))
     h.arbiter.tick()
-    assert (h.store.failed, h.store.released) == ([], [(7, "tok-7")])
+    assert (h.store.failed, h.store.released) == ([], [(7, tok(7))])
 
 
 def test_a_timeout_kill_ordered_before_the_stop_still_records_its_timeout(h: Harness) -> None:
@@ -533,3 +633,21 @@ def test_the_loop_does_not_spin_while_a_killed_worker_awaits_its_reaping(h: Harn
     h.clock.advance(0.5)
     h.arbiter.tick()  # SIGKILL; the process is not reaped yet
     assert h.arbiter.next_wakeup() > h.clock.now
+
+
+def test_one_failed_renewal_costs_nothing() -> None:
+    # Its session was terminated (a restart, pg_terminate_backend): the next try comes soon
+    # enough to land within the lease's trust, here two heartbeats (lease 3 s, heartbeat 1 s).
+    h = Harness(replace(CONFIG, lease_ttl=3.0, heartbeat_interval=1.0))
+    pid = h.started()[0]
+    h.lease(pid, kill_after=None)
+    h.clock.advance(1.0)
+    h.arbiter.tick()
+    h.renewer.in_flight = False
+    h.arbiter.renewal_failed(ConnectionError("terminating connection"))
+    for _ in range(12):
+        h.clock.advance(0.25)
+        h.arbiter.tick()
+        if h.renewer.in_flight:
+            h.renewed(7)
+    assert len(h.renewer.sent) >= 3 and h.arbiter.children[pid].kill is None
