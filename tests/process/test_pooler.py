@@ -177,3 +177,25 @@ def test_runs_and_kills_through_pgbouncer_in_transaction_mode(
     ).fetchone()["n"]
     assert crashed == 0
     assert "ERROR" not in pooler.log()
+
+
+def test_flow_control_holds_through_pgbouncer_in_transaction_mode(
+    env: TestEnv, supervisor, pooler: PgBouncer, tmp_path: Path
+) -> None:
+    """Runs per key and a node limit through the pooler: their locks are transaction locks
+    and their admissions run inside the statements' own transactions, so nothing they keep
+    depends on a session."""
+    from proc_flows import flow_keyed, flow_narrow, most_at_once, spans
+
+    spec = {"dir": str(tmp_path), "seconds": 0.2}
+    with Client(pooler.dsn(), prepared_statements=False) as client:
+        keyed = client.submit_many(flow_keyed, [{**spec, "k": f"k{i % 2}"} for i in range(6)])
+        narrow = client.submit_many(flow_narrow, [{**spec, "k": str(i)} for i in range(4)])
+    supervisor(workers=4, dsn=pooler.dsn(), database__prepared_statements="false")
+    for run_id in keyed + narrow:
+        wait_for(lambda r=run_id: terminal(env, r), 60, f"run {run_id} to end")
+        assert terminal(env, run_id).state == RunState.COMPLETED
+    keyed_spans = spans(tmp_path, flow_keyed.name)
+    for key in ("k0", "k1"):
+        assert most_at_once([s for s in keyed_spans if s[2] == key]) == 1, key
+    assert most_at_once(spans(tmp_path, flow_narrow.name)) == 1

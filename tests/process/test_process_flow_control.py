@@ -6,34 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proc_flows import flow_keyed, flow_mail, flow_narrow
+from proc_flows import flow_keyed, flow_mail, flow_narrow, most_at_once, spans
 from proc_helpers import completed, wait_for
 
 from cyclone.testing import TestEnv
-
-
-def spans(folder: Path, workflow: str) -> list[tuple[float, float, str]]:
-    """(start, end, key) of each step of `workflow` that ended, in start order."""
-    starts: dict[str, list[float]] = {}
-    out = []
-    for line in (folder / "flow.log").read_text().splitlines():
-        what, wf, key, at = line.split(" ")
-        if wf != workflow:
-            continue
-        if what == "start":
-            starts.setdefault(key, []).append(float(at))
-        else:
-            out.append((starts[key].pop(0), float(at), key))
-    return sorted(out)
-
-
-def most_at_once(items: list[tuple[float, float, str]]) -> int:
-    edges = sorted([(s, 1) for s, _, _ in items] + [(e, -1) for _, e, _ in items])
-    held = best = 0
-    for _, delta in edges:
-        held += delta
-        best = max(best, held)
-    return best
 
 
 def test_queues_keys_and_node_limits_hold_across_two_supervisors(
