@@ -464,3 +464,41 @@ def test_the_schedule_table_is_index_backed(env) -> None:
         ).fetchall()
     text = "\n".join(r["QUERY PLAN"] for r in plan)
     assert "cyclone_schedules_due" in text, text
+
+
+# -- metrics ---
+
+
+def test_ticks_and_lag_are_exported_from_the_schedule_rows(env) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from cyclone.child.session import connect_briefly
+    from cyclone.supervisor import gauges as gauges_module
+
+    env.client.schedule("m", held, every=timedelta(minutes=10), overlap="skip",
+                        catchup_window=timedelta(minutes=25))  # fmt: skip
+    at(env, T0 + timedelta(hours=1, seconds=1))
+    sweep(env)
+    collector = gauges_module.DatabaseGauges(lambda: connect_briefly(env.dsn))
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    assert 'cyclone_schedule_ticks_total{outcome="started",schedule="m"} 1.0' in text
+    assert 'cyclone_schedule_ticks_total{outcome="skipped",schedule="m"} 2.0' in text
+    assert 'cyclone_schedule_ticks_total{outcome="missed",schedule="m"} 3.0' in text
+    # The 00:40 tick started at 01:00:01 (its lag, to the env's clock, >= 20 min 1 s).
+    (lag,) = [line for line in text.splitlines() if line.startswith("cyclone_schedule_lag")]
+    assert lag.startswith('cyclone_schedule_lag_seconds{schedule="m"} 120')
+
+
+def test_schedule_series_past_the_cap_are_counted_as_other(env, monkeypatch) -> None:
+    from cyclone.supervisor import gauges as gauges_module
+
+    monkeypatch.setattr(gauges_module, "MAX_WORKFLOWS", 2)
+    for name in ("a", "b", "c"):
+        env.client.schedule(name, nightly, every=timedelta(minutes=10), overlap="allow_all")
+    env.advance_time(timedelta(minutes=10))
+    collector = gauges_module.DatabaseGauges(lambda: connect(env.dsn))
+    reading = collector.read()
+    assert reading.ticks[("a", "started")] == 1 and reading.ticks[("b", "started")] == 1
+    assert reading.ticks[("other", "started")] == 1 and ("c", "started") not in reading.ticks
