@@ -93,3 +93,38 @@ def test_bad_input_exits_with_one_line(capsys, senv, argv, code, said) -> None:
     r = run_cli(capsys, senv, *argv)
     assert r.code == code and said in r.err
     assert len(r.err.strip().splitlines()) == 1 or code == 2
+
+
+# --- the status view: the next ticks -------------------------------------------------------
+
+
+def test_status_shows_the_next_ticks_at_80x24_and_in_full(senv) -> None:
+    import io
+
+    from rich.console import Console
+
+    from cyclone.status.render import render
+    from cyclone.status.snapshot import take_snapshot
+
+    snap = take_snapshot(senv.conn)
+    # Soonest first: the 5-minute poll before the nightly report.
+    assert [s["name"] for s in snap.schedules] == ["poll", "nightly-report-for-the-finance-team"]
+    assert 0 < snap.schedules[0]["due_in"] <= 300
+    small = Console(file=io.StringIO(), width=80, height=24)
+    small.print(render(snap, width=80, height=24))
+    lines = small.file.getvalue().splitlines()
+    (ticks,) = [line for line in lines if line.startswith("ticks")]
+    assert ticks.startswith("ticks  poll in ") and len(ticks) <= 80
+    wide = Console(file=io.StringIO(), width=200)
+    wide.print(render(snap, width=200))
+    text = wide.file.getvalue()
+    assert "Next schedule ticks" in text and "nightly-report-for-the-finance-team" in text
+    senv.client.pause_schedule("poll")
+    assert [s["name"] for s in take_snapshot(senv.conn).schedules] == [
+        "nightly-report-for-the-finance-team"
+    ]
+
+
+def test_status_json_has_the_schedules(capsys, senv) -> None:
+    data = run_cli(capsys, senv, "status", "--json").json()
+    assert [s["name"] for s in data["schedules"]][0] == "poll"
