@@ -127,4 +127,4 @@ def test_status_shows_the_next_ticks_at_80x24_and_in_full(senv) -> None:
 
 def test_status_json_has_the_schedules(capsys, senv) -> None:
     data = run_cli(capsys, senv, "status", "--json").json()
-    assert [s["name"] for s in data["schedules"]][0] == "poll"
+    assert [s["name"] for s in data["schedules"]] == ["poll", "nightly-report-for-the-finance-team"]
