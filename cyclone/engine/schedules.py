@@ -261,9 +261,24 @@ def sweep_schedules(
             rows = conn.execute(
                 QUERIES["sweep_schedules"], {"batch_size": batch_size, "now": at}
             ).fetchall()
-            return sum(tick_schedule(conn, row, at).changed for row in rows)
+            return sum(_tick_one(conn, row, at) for row in rows)
 
     return retrying(tx)
+
+
+def _tick_one(conn: Conn, row: dict[str, Any], now: datetime) -> int:
+    """One schedule of a sweep's batch, in a savepoint: a schedule that cannot tick (its row
+    edited by hand into nonsense, a run its workflow refuses) is logged and left due, and the
+    others of the batch still tick. Connection and serialization errors end the batch, for
+    `retrying` to run it again."""
+    try:
+        with conn.transaction():
+            return tick_schedule(conn, row, now).changed
+    except psycopg.OperationalError:
+        raise
+    except Exception:
+        log.exception("schedule %r could not tick; it stays due", row["name"])
+        return 0
 
 
 def _locked(conn: Conn, name: str) -> dict[str, Any]:

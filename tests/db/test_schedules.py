@@ -502,3 +502,14 @@ def test_schedule_series_past_the_cap_are_counted_as_other(env, monkeypatch) -> 
     reading = collector.read()
     assert reading.ticks[("a", "started")] == 1 and reading.ticks[("b", "started")] == 1
     assert reading.ticks[("other", "started")] == 1 and ("c", "started") not in reading.ticks
+
+
+def test_a_schedule_that_cannot_tick_leaves_the_others_ticking(env, caplog) -> None:
+    env.client.schedule("broken", nightly, every=timedelta(minutes=1))
+    env.client.schedule("fine", nightly, every=timedelta(minutes=1))
+    env.conn.execute("UPDATE cyclone_schedules SET cron = 'nonsense', every = NULL "
+                     "WHERE name = 'broken'")  # fmt: skip
+    assert sweep(env, T0 + timedelta(minutes=1)) == 1
+    assert len(runs(env, "fine")) == 1 and runs(env, "broken") == []
+    assert "schedule 'broken' could not tick" in caplog.text
+    assert info(env, "broken").next_tick_at == T0 + timedelta(minutes=1)  # still due
