@@ -220,16 +220,32 @@ def test_a_limited_workflow_s_runs_take_their_key_from_the_schedule_input(env) -
 def test_ticks_older_than_the_catchup_window_are_missed_and_counted(env) -> None:
     env.client.schedule("c", nightly, every=timedelta(minutes=10), overlap="allow_all",
                         catchup_window=timedelta(minutes=25))  # fmt: skip
-    at(env, T0 + timedelta(hours=1, seconds=1))  # the scanners were down for an hour
-    assert sweep(env) == 6
+    # The scanners were down for an hour: the first pass after is at 01:05.
+    assert sweep(env, T0 + timedelta(minutes=65)) == 6
     got = runs(env, "c")
-    # 00:40, 00:50 and 01:00 are within 25 minutes of 01:00:01; 00:10 to 00:30 are not.
+    # 00:40 (exactly 25 minutes before: still inside), 00:50 and 01:00 run; 00:10 to 00:30
+    # are older than the window.
     assert [r["idempotency_key"] for r in got] == [
         tick_key("c", T0 + timedelta(minutes=m)) for m in (40, 50, 60)
     ]
     s = info(env, "c")
     assert (s.started, s.missed, s.skipped) == (3, 3, 0)
     assert s.next_tick_at == T0 + timedelta(minutes=70)
+
+
+def test_a_schedule_far_behind_catches_up_a_bounded_number_of_ticks_a_pass(
+    env, monkeypatch
+) -> None:
+    monkeypatch.setattr(engine.schedules, "MAX_TICKS", 4)
+    env.client.schedule("far", nightly, every=timedelta(minutes=1), overlap="allow_all",
+                        catchup_window=timedelta(minutes=3))  # fmt: skip
+    now = T0 + timedelta(minutes=10)
+    assert sweep(env, now) == 4  # ticks 00:01 to 00:04, all missed
+    assert info(env, "far").next_tick_at == T0 + timedelta(minutes=5)
+    assert sweep(env, now) == 4  # 00:05 and 00:06 missed; 00:07 and 00:08 run
+    assert sweep(env, now) == 2  # 00:09 and 00:10 run
+    s = info(env, "far")
+    assert (s.missed, s.started, s.next_tick_at) == (6, 4, T0 + timedelta(minutes=11))
 
 
 def test_catchup_ticks_go_through_the_overlap_policy(env) -> None:
