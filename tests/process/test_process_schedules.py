@@ -71,3 +71,23 @@ def test_every_tick_has_one_run_across_two_scanners_a_kill_and_a_postgres_restar
         assert got == [got[0] + timedelta(seconds=n) for n in range(len(got))], got
         assert (info.started, info.skipped, info.missed) == (len(got), 0, 0)
         env.conn.close()  # broken by the restart; TestEnv.close() reconnects to drop its schema
+
+
+def test_a_declared_schedule_is_upserted_by_each_supervisor_and_reported_once_removed(
+    env: TestEnv, supervisor
+) -> None:
+    one = supervisor(workers=1, workflows__modules='["proc_schedule_flows"]')
+    two = supervisor(workers=1, workflows__modules='["proc_schedule_flows"]')
+    (s,) = env.client.schedules()
+    assert (s.name, s.workflow, s.declared, s.every) == (
+        "declared-every-second", "proc-declared", True, 1.0,
+    )  # fmt: skip
+    wait_for(lambda: env.client.schedules()[0].started >= 2, 20, f"ticks\n{one.log()}")
+    one.stop()
+    two.stop()
+    # A deploy without the declaration: reported in the log, the schedule kept (and ticking).
+    three = supervisor(workers=1, workflows__modules='["proc_schedule_flows_v2"]')
+    wait_for(lambda: "no longer declared in code" in three.log(), 10, three.log())
+    assert "'declared-every-second'" in three.log()
+    assert [s.name for s in env.client.schedules()] == ["declared-every-second"]
+    env.client.pause_schedule("declared-every-second")
