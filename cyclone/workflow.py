@@ -337,7 +337,11 @@ class Workflow:
         """Declare a schedule of this workflow in code: `cron` (5 fields or @daily...) in
         `timezone`, or `every` (at least 1 s). Every supervisor that registers the workflow
         upserts it; one removed from the code is reported, not deleted (docs/schedules.md).
-        ConfigError here, when declared, for bad input."""
+        ConfigError here, when declared, for bad input (TypeError for an input that is
+        not JSON, as submit's)."""
+        from cyclone.db import encode_json  # here: defining workflows needs no database code
+
+        encode_json(input, f"schedule {name!r}: input")
         spec = schedule_spec(
             name, self.name, cron=cron, every=every, timezone=timezone, input=input,
             overlap=overlap, catchup_window=catchup_window, jitter=jitter,

@@ -414,6 +414,12 @@ def test_a_schedule_of_an_unknown_workflow_is_refused(env) -> None:
     assert env.client.schedules() == []
 
 
+def test_an_input_that_is_not_json_is_refused(env) -> None:
+    with pytest.raises(TypeError, match="input"):
+        env.client.schedule("bad", nightly, every=60, input={"at": datetime(2026, 1, 1)})
+    assert env.client.schedules() == []
+
+
 def test_a_bad_name_is_refused(env) -> None:
     for name in ("", " x", "x" * 101, "a\nb", 7):
         with pytest.raises(ConfigError, match="schedule name"):
@@ -447,6 +453,8 @@ def test_a_bad_declared_schedule_fails_where_it_is_declared() -> None:
     wf = cyclone.Workflow("sched-bad-declared")
     with pytest.raises(ConfigError, match="timezone"):
         wf.schedule("x", cron="0 2 * * *", timezone="Nowhere/Else")
+    with pytest.raises(TypeError, match="input"):
+        wf.schedule("x", every=60, input={"when": datetime(2026, 1, 1)})
     wf.schedule("x", every=60)
     with pytest.raises(ConfigError, match="declared twice"):
         wf.schedule("x", every=60)
