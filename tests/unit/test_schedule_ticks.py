@@ -54,6 +54,12 @@ def test_a_stepped_expression_follows_real_time_through_the_repeated_hour() -> N
     assert got == [utc(2026, 10, 25, 0, 0) + timedelta(minutes=30 * n) for n in range(6)]
 
 
+def test_a_stepped_expression_follows_real_time_through_the_skipped_hour() -> None:
+    # 02:00 to 03:00 local does not happen: no tick twice at 03:00 CEST, none lost either.
+    got = first(6, "*/30 * * * *", None, "Europe/Berlin", utc(2026, 3, 28, 23, 59))
+    assert got == [utc(2026, 3, 29, 0, 0) + timedelta(minutes=30 * n) for n in range(6)]
+
+
 def test_a_tick_after_an_instant_inside_the_repeated_hour_is_later_than_it() -> None:
     # 02:45 CET, the second pass through 02:45 (fold=1): the next 02:00-hour tick is not
     # 02:30 CEST, an hour earlier.
