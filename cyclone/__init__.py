@@ -20,11 +20,13 @@ from cyclone.errors import (
     RunFailed,
     RunNotFound,
     RunStuck,
+    ScheduleNotFound,
     StepNotFound,
     WorkflowNotFound,
 )
 from cyclone.migrate import migrate
 from cyclone.models import ExhaustedQuery, RunStatus, StepInfo
+from cyclone.schedules import Overlap, ScheduleInfo
 from cyclone.states import ErrorKind, NodeKind, RunState, StepState
 from cyclone.workflow import Concurrency, Node, RateLimit, Registry, Workflow
 
@@ -39,6 +41,7 @@ __all__ = [
     "GraphError",
     "Node",
     "NodeKind",
+    "Overlap",
     "PayloadTooDeep",
     "PayloadTooLarge",
     "PermanentError",
@@ -50,6 +53,8 @@ __all__ = [
     "RunState",
     "RunStatus",
     "RunStuck",
+    "ScheduleInfo",
+    "ScheduleNotFound",
     "StepContext",
     "StepInfo",
     "StepNotFound",

@@ -14,7 +14,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
@@ -33,6 +33,7 @@ from cyclone.calls import (
     timeout_seconds,
 )
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
+from cyclone.schedules import DEFAULT_CATCHUP, ScheduleInfo
 from cyclone.waiting import AsyncWatcher
 from cyclone.workflow import Workflow
 
@@ -223,6 +224,53 @@ class AsyncClient(Calls):
     async def result(self, run_id: str, timeout: timedelta | float | None = None) -> Any:
         """The run's output once it completed; RunFailed or RunCancelled if it did not."""
         return outcome(await self.wait(run_id, timeout))
+
+
+    # -- schedules (docs/schedules.md; see Client for each) ---
+
+    async def schedule(
+        self,
+        name: str,
+        workflow: Workflow | str,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        timezone: str = "UTC",
+        input: Any = None,
+        overlap: str = "skip",
+        catchup_window: timedelta | float = DEFAULT_CATCHUP,
+        jitter: timedelta | float | None = None,
+        run_deadline: timedelta | float | None = None,
+    ) -> ScheduleInfo:
+        """Create schedule `name` of `workflow`, or change it; see Client.schedule."""
+        spec, wf = self._schedule_spec(name, workflow, {
+            "cron": cron, "every": every, "timezone": timezone, "input": input,
+            "overlap": overlap, "catchup_window": catchup_window, "jitter": jitter,
+            "run_deadline": run_deadline,
+        })  # fmt: skip
+        return await self._engine(engine.save_schedule, spec, wf, now=self._clock())
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        return await self._engine(engine.list_schedules)
+
+    async def pause_schedule(self, name: str) -> None:
+        await self._engine(engine.pause_schedule, self._schedule_name(name), now=self._clock())
+
+    async def resume_schedule(self, name: str) -> None:
+        await self._engine(engine.resume_schedule, self._schedule_name(name), now=self._clock())
+
+    async def trigger_schedule(self, name: str) -> str | None:
+        return await self._engine(
+            engine.trigger_schedule, self._schedule_name(name), now=self._clock()
+        )
+
+    async def backfill_schedule(self, name: str, start: datetime, end: datetime) -> list[str]:
+        return await self._engine(
+            engine.backfill_schedule, self._schedule_name(name), start, end, now=self._clock()
+        )
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self._engine(engine.delete_schedule, self._schedule_name(name))
 
     # -- control ---
 

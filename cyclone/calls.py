@@ -32,8 +32,9 @@ from cyclone.db import (
 )
 from cyclone.engine.graphs import check_workflow_name, graph_of, registration
 from cyclone.engine.runs import submit_params
-from cyclone.errors import RunCancelled, RunFailed, RunNotFound, StepNotFound
+from cyclone.errors import RunCancelled, RunFailed, RunNotFound, ScheduleNotFound, StepNotFound
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
+from cyclone.schedules import ScheduleSpec, schedule_spec
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS, RunState
 from cyclone.workflow import Graph, Workflow, concurrency_key
@@ -387,6 +388,28 @@ class Calls:
         params = {"name": name, "rate": float(rate), "per": float(secs),
                   "burst": float(burst if burst is not None else max(rate, 1.0))}  # fmt: skip
         yield Statement("rate_limit_set", params)
+
+    def _schedule_spec(
+        self, name: Any, workflow: Workflow | str, options: dict[str, Any]
+    ) -> tuple[ScheduleSpec, Workflow | None]:
+        """A client's schedule, checked before any connection: the spec and, given one, the
+        Workflow object (whose graph the engine registers with the schedule)."""
+        if isinstance(workflow, Workflow):
+            wf_name, obj = workflow.name, workflow
+        else:
+            check_workflow_name(workflow)
+            wf_name, obj = workflow, None
+        encode_json(options.get("input"), "input", self.max_payload_bytes)
+        spec = schedule_spec(name, wf_name, **options)
+        if obj is not None and self._on_workflow is not None:
+            self._on_workflow(obj)
+        return spec, obj
+
+    @staticmethod
+    def _schedule_name(name: Any) -> str:
+        if not isinstance(name, str) or "\x00" in name:
+            raise ScheduleNotFound(f"no schedule {name!r} (not a schedule name)")
+        return name
 
     def _exhausted_call(self, query: ExhaustedQuery | None) -> Call[list[StepInfo]]:
         q = query or ExhaustedQuery()

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -28,6 +28,7 @@ from cyclone.calls import (
     timeout_seconds,
 )
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
+from cyclone.schedules import DEFAULT_CATCHUP, ScheduleInfo
 from cyclone.waiting import ThreadWatcher
 from cyclone.workflow import Workflow
 
@@ -210,6 +211,67 @@ class Client(Calls):
             if self._watcher is None:
                 self._watcher = ThreadWatcher(self.dsn, listen=self._listen)
             return self._watcher
+
+
+    # -- schedules (docs/schedules.md) ---
+
+    def schedule(
+        self,
+        name: str,
+        workflow: Workflow | str,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        timezone: str = "UTC",
+        input: Any = None,
+        overlap: str = "skip",
+        catchup_window: timedelta | float = DEFAULT_CATCHUP,
+        jitter: timedelta | float | None = None,
+        run_deadline: timedelta | float | None = None,
+    ) -> ScheduleInfo:
+        """Create schedule `name` of `workflow`, or change it: `cron` (5 fields or @daily...)
+        in `timezone`, or `every` (at least 1 s). Each tick starts one run with `input`, under
+        the `overlap` policy; ticks missed by more than `catchup_window` are skipped. A bad
+        argument raises ConfigError naming it, and nothing is written."""
+        spec, wf = self._schedule_spec(name, workflow, {
+            "cron": cron, "every": every, "timezone": timezone, "input": input,
+            "overlap": overlap, "catchup_window": catchup_window, "jitter": jitter,
+            "run_deadline": run_deadline,
+        })  # fmt: skip
+        with self.connection() as c:
+            return engine.save_schedule(c, spec, wf, now=self._clock())
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule, by name."""
+        with self.connection() as c:
+            return engine.list_schedules(c)
+
+    def pause_schedule(self, name: str) -> None:
+        """No tick starts until resumed (ScheduleNotFound if there is no such schedule)."""
+        with self.connection() as c:
+            engine.pause_schedule(c, self._schedule_name(name), now=self._clock())
+
+    def resume_schedule(self, name: str) -> None:
+        """Tick again from the next tick after now; ticks of the pause do not run."""
+        with self.connection() as c:
+            engine.resume_schedule(c, self._schedule_name(name), now=self._clock())
+
+    def trigger_schedule(self, name: str) -> str | None:
+        """One run now, under the overlap policy: its id, or None if skipped or buffered."""
+        with self.connection() as c:
+            return engine.trigger_schedule(c, self._schedule_name(name), now=self._clock())
+
+    def backfill_schedule(self, name: str, start: datetime, end: datetime) -> list[str]:
+        """A run for each tick in [start, end) that has none yet; the ids started."""
+        with self.connection() as c:
+            return engine.backfill_schedule(
+                c, self._schedule_name(name), start, end, now=self._clock()
+            )
+
+    def delete_schedule(self, name: str) -> bool:
+        """Delete the schedule (its runs stay); False if there was none."""
+        with self.connection() as c:
+            return engine.delete_schedule(c, self._schedule_name(name))
 
     # -- control ---
 

@@ -19,6 +19,10 @@ class WorkflowNotFound(CycloneError, LookupError):
     """No workflow is registered under this name."""
 
 
+class ScheduleNotFound(CycloneError, LookupError):
+    """No schedule of that name."""
+
+
 class ConfigError(CycloneError, ValueError):
     """The configuration is invalid."""
 

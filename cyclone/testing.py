@@ -35,12 +35,15 @@ from cyclone.embedded import ensure_test_server
 from cyclone.errors import RunStuck
 from cyclone.migrate import migrate
 from cyclone.models import RunStatus
+from cyclone.schedules import jitter_of
 from cyclone.sql import QUERIES
 from cyclone.states import RunState
 from cyclone.workflow import Registry, Workflow
 
 _TEST_WORKER = "testenv"
 _LEASE_TTL = 60.0
+# advance_time stops at most this often (a minute schedule over a week: 10,080 stops).
+_MAX_TICK_STOPS = 100_000
 
 
 @functools.cache
@@ -99,7 +102,7 @@ class TestEnv:
             if wf.name not in self.registry:
                 self.registry.add(wf)
         if workflows:
-            engine.register_workflows(self.conn, workflows)
+            engine.register_workflows(self.conn, workflows, now=self.now())
 
     def close(self) -> None:
         self.client.close()
@@ -127,11 +130,34 @@ class TestEnv:
         )
 
     def advance_time(self, delta: timedelta | float) -> None:
+        """Move the clock forward. Schedule ticks passed over fire on the way: the clock
+        stops at each one (in order, whichever schedule it is), the scanner's sweeps run and
+        then every due step, as workers would have, so "three nightly runs after three
+        days" holds, with each run's fate seen by the next tick's overlap policy."""
         if not isinstance(delta, timedelta):
             delta = timedelta(seconds=delta)
         if delta < timedelta():
             raise ValueError("time only moves forward")
-        self._offset += delta
+        target = self.now() + delta
+        for _ in range(_MAX_TICK_STOPS):
+            due = self._next_tick_due()
+            if due is None or due > target:
+                break
+            if due > self.now():
+                self._offset += due - self.now()
+            self.run_until_idle()
+        else:
+            raise RunStuck(f"more than {_MAX_TICK_STOPS} schedule ticks in one advance_time")
+        if target > self.now():
+            self._offset += target - self.now()
+
+    def _next_tick_due(self) -> datetime | None:
+        """When the earliest next tick of an unpaused schedule is due (its jitter included)."""
+        return min(
+            (s.next_tick_at + jitter_of(s.name, s.jitter, s.next_tick_at)
+             for s in engine.list_schedules(self.conn) if not s.paused),
+            default=None,
+        )  # fmt: skip
 
     # -- running ---
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from cyclone.errors import GraphError, WorkflowNotFound
+from cyclone.errors import ConfigError, GraphError, WorkflowNotFound
+from cyclone.schedules import DEFAULT_CATCHUP, ScheduleSpec, schedule_spec
 from cyclone.states import MAX_DEADLINE_SECONDS, NodeKind
 
 # A step that is never given a timeout still gets one: no handler may run forever by default.
@@ -298,6 +299,7 @@ class Workflow:
         self.concurrency = concurrency
         self._nodes: dict[str, Node] = {}
         self._graph: Graph | None = None
+        self._schedules: dict[str, ScheduleSpec] = {}
 
     def __repr__(self) -> str:
         return f"<Workflow {self.name} nodes={list(self._nodes)}>"
@@ -313,6 +315,42 @@ class Workflow:
                 raise GraphError(f"workflow {self.name!r} has no nodes")
             self._graph = Graph.build(self.name, (n.spec for n in self._nodes.values()))
         return self._graph
+
+    @property
+    def schedules(self) -> list[ScheduleSpec]:
+        """The schedules declared in code (`schedule`), upserted when a supervisor starts."""
+        return list(self._schedules.values())
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | float | None = None,
+        timezone: str = "UTC",
+        input: Any = None,
+        overlap: str = "skip",
+        catchup_window: timedelta | float = DEFAULT_CATCHUP,
+        jitter: timedelta | float | None = None,
+        run_deadline: timedelta | float | None = None,
+    ) -> ScheduleSpec:
+        """Declare a schedule of this workflow in code: `cron` (5 fields or @daily...) in
+        `timezone`, or `every` (at least 1 s). Every supervisor that registers the workflow
+        upserts it; one removed from the code is reported, not deleted (docs/schedules.md).
+        ConfigError here, when declared, for bad input (TypeError for an input that is
+        not JSON, as submit's)."""
+        from cyclone.db import encode_json  # here: defining workflows needs no database code
+
+        encode_json(input, f"schedule {name!r}: input")
+        spec = schedule_spec(
+            name, self.name, cron=cron, every=every, timezone=timezone, input=input,
+            overlap=overlap, catchup_window=catchup_window, jitter=jitter,
+            run_deadline=run_deadline,
+        )  # fmt: skip
+        if name in self._schedules:
+            raise ConfigError(f"workflow {self.name!r}: schedule {name!r} is declared twice")
+        self._schedules[name] = spec
+        return spec
 
     def children(self) -> Iterator[Workflow]:
         """Workflows this one starts as child runs (those given as objects), recursively."""

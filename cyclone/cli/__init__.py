@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import errors as pg_errors
 
-from cyclone.cli import admin, dlq, embedded, limits, runs, status
+from cyclone.cli import admin, dlq, embedded, limits, runs, schedules, status
 from cyclone.cli.common import (
     REFUSED,
     STATEMENT_TIMEOUT_MS,
@@ -30,9 +30,15 @@ from cyclone.cli.common import (
 )
 from cyclone.db import unreachable
 from cyclone.engine.dlq import RetryRefused
-from cyclone.errors import ConfigError, RunNotFound, StepNotFound, WorkflowNotFound
+from cyclone.errors import (
+    ConfigError,
+    RunNotFound,
+    ScheduleNotFound,
+    StepNotFound,
+    WorkflowNotFound,
+)
 
-_NOT_FOUND = (RunNotFound, StepNotFound, WorkflowNotFound, RetryRefused)
+_NOT_FOUND = (RunNotFound, StepNotFound, WorkflowNotFound, ScheduleNotFound, RetryRefused)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (admin, runs, dlq, status, limits, embedded):
+    for module in (admin, runs, dlq, status, limits, schedules, embedded):
         module.add_commands(sub, [common, listing])
     return parser
 

@@ -61,6 +61,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "deadline_failures": snap.deadline_failures,
         "paused": {"total": snap.paused_total, "runs": snap.paused},
         "unserved": snap.unserved,
+        "schedules": snap.schedules,
     }
 
 

@@ -12,6 +12,7 @@ dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
 renewal.py   the supervisor's renewal of its workers' leases, many in one statement
+schedules.py schedules: upsert, pause, resume, trigger, backfill, and their sweep
 sweeps.py    the scanner's sweeps: SWEEPS, one entry each in run order, and their functions
 """
 
@@ -20,6 +21,18 @@ from __future__ import annotations
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
 from cyclone.engine.runs import submit_runs
+from cyclone.engine.schedules import (
+    backfill_schedule,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    pause_schedule,
+    resume_schedule,
+    save_schedule,
+    sweep_schedules,
+    trigger_schedule,
+    upsert_schedule,
+)
 from cyclone.engine.steps import (
     FINISHED,
     Lease,
@@ -53,21 +66,28 @@ __all__ = [
     "SWEEPS",
     "Lease",
     "Sweep",
+    "backfill_schedule",
     "cancel_run",
     "complete_and_lease",
     "complete_step",
     "current_graph",
+    "delete_schedule",
     "enabled_sweeps",
     "expand_map",
     "fail_step",
+    "get_schedule",
     "graph_by_hash",
     "heartbeat",
     "lease_step",
+    "list_schedules",
     "pause_run",
+    "pause_schedule",
     "register_workflows",
     "release_step",
     "resume_run",
+    "resume_schedule",
     "revoked_leases",
+    "save_schedule",
     "signal_run",
     "start_child",
     "submit_runs",
@@ -78,6 +98,9 @@ __all__ = [
     "sweep_max_wait",
     "sweep_queued_deadlines",
     "sweep_retention",
+    "sweep_schedules",
     "sweep_sleeps",
     "sweep_stale_supervisors",
+    "trigger_schedule",
+    "upsert_schedule",
 ]

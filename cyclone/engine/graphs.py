@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -39,12 +40,21 @@ def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
     return out
 
 
-def register_workflows(conn: psycopg.Connection[Any], workflows: Iterable[Workflow]) -> None:
-    """Store each workflow's graph (and its child workflows') and make it current by name."""
+def register_workflows(
+    conn: psycopg.Connection[Any], workflows: Iterable[Workflow], *, now: datetime | None = None
+) -> None:
+    """Store each workflow's graph (and its child workflows') and make it current by name;
+    upsert the schedules they declare (and log those no longer declared), all at once. `now`
+    places a new schedule's first tick (None: the database clock)."""
+    # Here, not at the top: schedules.py reads graphs through this module.
+    from cyclone.engine.schedules import upsert_declared
+
+    workflows = list(workflows)
     with conn.transaction():
         for params in registration(workflows):
             conn.execute(QUERIES["graph_register"], params)
             conn.execute(QUERIES["workflow_register"], params)
+        upsert_declared(conn, workflows, now=now)
 
 
 def graph_by_hash(conn: psycopg.Connection[Any], graph_hash: str) -> Graph:

@@ -16,6 +16,9 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
     max_wait           waiting step past max_wait      -> dead (`max_wait`); child run cancelled
     sleeps             waiting sleep past its wake-up  -> completed; downstream steps available
     stale_supervisors  supervisor not seen for a while -> its presence rows deleted
+    schedules          schedule due (next tick)       -> the tick's run started (one per tick),
+                                                          or skipped or buffered by its overlap
+                                                          policy; missed past its catch-up window
     retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
 """
 
@@ -32,6 +35,7 @@ from cyclone.db import retrying
 from cyclone.engine.advance import RunRef, node_completed
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
+from cyclone.engine.schedules import sweep_schedules
 from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
@@ -247,6 +251,8 @@ SWEEPS = (
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
     Sweep("held_steps", sweep_held_steps),
     Sweep("fair_clock", sweep_fair_clock),
+    # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
+    Sweep("schedules", sweep_schedules),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
 )
 

@@ -88,7 +88,17 @@ SELECT 'due', 'steps', due FROM due
 UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
 UNION ALL
-SELECT 'unserved', workflow, runs FROM unserved;
+SELECT 'unserved', workflow, runs FROM unserved
+UNION ALL
+-- Schedules (migration 19): each one's ticks started, skipped and missed (counters kept on
+-- its row) and how late its latest tick's run started. By name, at most 1,000 (a deployment
+-- has tens; the reader caps the series further, cyclone/supervisor/labels.py).
+SELECT 'schedule_' || o.outcome, s.name, o.value
+  FROM (SELECT name, started, skipped, missed, last_lag FROM cyclone_schedules
+         ORDER BY name LIMIT 1000) AS s,
+       LATERAL (VALUES ('started', s.started::float8), ('skipped', s.skipped::float8),
+                       ('missed', s.missed::float8), ('lag', s.last_lag)) AS o (outcome, value)
+ WHERE o.value IS NOT NULL;
 
 -- name: session_statement_timeout
 -- The statement_timeout this session got, in milliseconds: a pooler that ignores startup

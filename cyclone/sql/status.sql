@@ -217,3 +217,13 @@ SELECT l.name, l.rate, l.per, l.burst, b.key,
   LEFT JOIN cyclone_rate_buckets b ON b.name = l.name
  ORDER BY l.name, b.key
  LIMIT %(limit)s;
+
+-- name: status_schedules
+-- The next ticks of unpaused schedules, soonest first (through cyclone_schedules_due), and
+-- how many ticks each missed so far.
+SELECT name, workflow, next_tick_at, due_at, missed,
+       extract(epoch FROM due_at - now())::float8 AS due_in
+  FROM cyclone_schedules
+ WHERE NOT paused
+ ORDER BY due_at
+ LIMIT %(limit)s;

@@ -242,3 +242,13 @@ WITH RECURSIVE nodes AS (
 SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timestamptz, now()))),
                 0)::integer AS admitted
   FROM (SELECT * FROM nodes LIMIT %(batch_size)s) AS due;
+
+-- name: sweep_schedules
+-- Due schedules, locked: ticks to start, or buffered ticks waiting for a run to end. Through
+-- cyclone_schedules_due (ordered by due_at, partial on NOT paused): O(due rows).
+-- include: _schedule_columns
+  FROM cyclone_schedules
+ WHERE NOT paused AND due_at <= coalesce(%(now)s::timestamptz, now())
+ ORDER BY due_at
+ LIMIT %(batch_size)s
+   FOR UPDATE SKIP LOCKED;

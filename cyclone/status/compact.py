@@ -39,7 +39,7 @@ def render_compact(
     if problem:
         lines.append(Text(problem, style="bold red"))
     lines += [_queue(snap), _runs(snap), _dlq(snap)]
-    lines += _lost(snap) + _deadline_failures(snap) + _paused(snap)
+    lines += _lost(snap) + _deadline_failures(snap) + _paused(snap) + _schedules(snap)
     room = None if height is None else max(height - len(lines), 2)
     lines += _workers(snap, room, width)
     for line in lines:
@@ -127,6 +127,19 @@ def _paused(snap: Snapshot) -> list[Text]:
     if snap.paused_total > SECTION_ROWS:
         lines.append(Text("  more: cyclone runs --state paused"))
     return lines
+
+
+def _schedules(snap: Snapshot) -> list[Text]:
+    """One line, the soonest ticks first (the width cuts the later ones); none without
+    schedules, so a deployment that has none loses no worker line to them."""
+    if not snap.schedules:
+        return []
+    missed = sum(s["missed"] for s in snap.schedules)
+    text = Text("ticks  ", style="bold")
+    if missed:
+        text.append(f"{missed} missed; ", style="red")
+    return [text.append(", ".join(f"{s['name']} in {seconds(s['due_in'])}"
+                                  for s in snap.schedules))]  # fmt: skip
 
 
 def _workers(snap: Snapshot, room: int | None, width: int | None) -> list[Text]:

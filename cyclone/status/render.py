@@ -37,6 +37,8 @@ def render(
     parts += [supervisors_table(snap), workers_table(snap)]
     parts += [_runs_table(snap), _dlq_table(snap)]
     parts += [_deadline_table(snap), _paused_table(snap)]
+    if snap.schedules:
+        parts.append(_schedules_table(snap))
     if _fits(parts, width, height):
         return Group(*parts)
     return render_compact(snap, problem=problem, width=width, height=height)
@@ -194,4 +196,12 @@ def _paused_table(snap: Snapshot) -> Table:
         t.add_row(str(r["id"]), r["workflow"], seconds(r["paused_for"]), frozen)
     if not snap.paused:
         t.add_row("-", "none", "-", "-")
+    return t
+
+
+def _schedules_table(snap: Snapshot) -> Table:
+    t = _table("Next schedule ticks", "schedule", "workflow", "next tick", "in", "missed")
+    for r in snap.schedules:
+        t.add_row(r["name"], r["workflow"], when(r["next_tick_at"]), seconds(r["due_in"]),
+                  str(r["missed"]))  # fmt: skip
     return t

@@ -45,6 +45,8 @@ class Snapshot:
     version: int = SCHEMA_VERSION
     # Running runs of workflows no live supervisor serves, by workflow (most runs first).
     unserved: list[dict[str, Any]] = field(default_factory=list)
+    # The next ticks of unpaused schedules, soonest first (docs/schedules.md).
+    schedules: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def dlq_total(self) -> int:
@@ -76,6 +78,7 @@ def take_snapshot(
             "status_unserved": {
                 "limit": rows, "served": [], "self_id": None, "lost_after": LOST_AFTER,
             },
+            "status_schedules": {"limit": rows},
         }  # fmt: skip
     with conn.transaction(), conn.pipeline():
         cursors = {name: conn.execute(QUERIES[name], params) for name, params in queries.items()}
@@ -106,6 +109,7 @@ def take_snapshot(
         paused=[{k: v for k, v in p.items() if k != "total"} for p in paused],
         paused_total=paused[0]["total"] if paused else 0,
         unserved=got.get("status_unserved", []),
+        schedules=got.get("status_schedules", []),
     )
 
 
@@ -117,7 +121,7 @@ def for_display(snap: Snapshot) -> Snapshot:
         snap, supervisors=_clean(snap.supervisors), workers=_clean(snap.workers),
         queue=_clean(snap.queue), dlq=_clean(snap.dlq),
         deadline_failures=_clean(snap.deadline_failures), paused=_clean(snap.paused),
-        unserved=_clean(snap.unserved),
+        unserved=_clean(snap.unserved), schedules=_clean(snap.schedules),
     )  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """Gauges read from the database at scrape time: DLQ depth by reason, runs by state, the steps
 due now and how long the oldest has waited (steps of paused runs are not due), running runs of
-workflows no live supervisor serves, the oldest open transaction's age and age(datfrozenxid),
-and whether the database answered at all.
+workflows no live supervisor serves, schedules' ticks by outcome and their latest lag, the
+oldest open transaction's age and age(datfrozenxid), and whether the database answered at all.
 
 A scrape is served inside the supervisor's loop, so the query is bounded on every side: a
 short connect timeout, a statement timeout, and a cache (CACHE_TTL) so that several Prometheus
@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, RunState
-from cyclone.supervisor.labels import MAX_WORKFLOWS, top
+from cyclone.supervisor.labels import MAX_WORKFLOWS, LabelCap, top
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class Reading:
     unserved: dict[str, int] = field(default_factory=dict)
     throttled: dict[str, int] = field(default_factory=dict)  # "kind:limit" -> held steps
     ages: dict[str, float] = field(default_factory=dict)  # metrics_database_age, by metric
+    # Schedules: (schedule, outcome) -> ticks so far; schedule -> its latest tick's lag.
+    ticks: dict[tuple[str, str], float] = field(default_factory=dict)
+    lag: dict[str, float] = field(default_factory=dict)
 
 
 class DatabaseGauges(Collector):
@@ -80,6 +83,9 @@ class DatabaseGauges(Collector):
         self.ttl = ttl
         self.clock = clock
         self.reading: Reading | None = None
+        # Schedule names are chosen by clients: the first MAX_WORKFLOWS keep a series of
+        # their own for good (counters never move to another series), later ones go to OTHER.
+        self.schedules = LabelCap(MAX_WORKFLOWS)
 
     def describe(self) -> Iterator[Any]:
         # Registration calls describe(), never collect(): no query until the first scrape.
@@ -114,6 +120,14 @@ class DatabaseGauges(Collector):
                     reading.due = int(value)
                 else:
                     reading.oldest_due_age = float(value)
+                continue
+            if metric.startswith("schedule_"):
+                name, outcome = self.schedules(label), metric.removeprefix("schedule_")
+                if outcome == "lag":
+                    reading.lag[name] = max(reading.lag.get(name, 0.0), float(value))
+                else:
+                    key = (name, outcome)
+                    reading.ticks[key] = reading.ticks.get(key, 0.0) + float(value)
                 continue
             if metric == "throttled":  # nodes of one limiter: one row each, added up
                 reading.throttled[label] = reading.throttled.get(label, 0) + int(value)
@@ -172,6 +186,24 @@ class DatabaseGauges(Collector):
             for label, count in top(reading.throttled, MAX_WORKFLOWS):
                 kind, _, limit = label.partition(":")
                 throttled.add_metric([kind or "other", limit or label], count)
+        ticks = CounterMetricFamily(
+            "cyclone_schedule_ticks",
+            "Ticks of each schedule by outcome: started (a run), skipped (overlap policy) or "
+            "missed (older than the catch-up window); kept in the database",
+            labels=["schedule", "outcome"],
+        )  # fmt: skip
+        lag = GaugeMetricFamily(
+            "cyclone_schedule_lag_seconds",
+            "How long after its tick the latest run of each schedule started (jitter included)",
+            labels=["schedule"],
+        )  # fmt: skip
+        if reading.up:
+            for (name, outcome), value in sorted(reading.ticks.items()):
+                ticks.add_metric([name, outcome], value)
+            for name, value in sorted(reading.lag.items()):
+                lag.add_metric([name], value)
+        yield ticks
+        yield lag
         yield dlq
         yield runs
         yield due

@@ -305,6 +305,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
+    "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
     # What an operator reads during an incident.
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},
@@ -317,6 +318,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "status_deadline_failures": lambda b: {"limit": 20},
     "status_paused_runs": lambda b: {"limit": 20},
     "status_workers": lambda b: {"limit": 50},
+    "status_schedules": lambda b: {"limit": 10},
     # Counts of live runs: their cost follows the live runs counted, never the history.
     "status_runs_by_state": lambda b: {"window": 3600.0},
     "metrics_gauges": lambda b: {

@@ -105,6 +105,13 @@ def test_the_printed_grants_let_each_role_do_its_job_and_nothing_more(
         wait_for(lambda: all(completed_as(client, r) for r in run_ids), 30, f"runs\n{sup.log()}")
         cancelled = client.submit(busy, {"dir": "/tmp", "n": 9, "sleep": 5})
         client.cancel(cancelled)
+        # Schedules: made, ticked by the scanner, triggered, paused and deleted (migration 19).
+        client.schedule("roles-tick", busy, every=1, input={"dir": "/tmp", "n": 1},
+                        overlap="allow_all")  # fmt: skip
+        wait_for(lambda: client.schedules()[0].started >= 2, 20, f"ticks\n{sup.log()}")
+        assert client.trigger_schedule("roles-tick") is not None
+        client.pause_schedule("roles-tick")
+        assert client.delete_schedule("roles-tick")
     assert "permission denied" not in sup.log()
     with psycopg.connect(runtime, autocommit=True, row_factory=psycopg.rows.dict_row) as conn:
         # Through the function only, and never the last day's runs, whatever it asks for.
@@ -124,13 +131,16 @@ def test_the_printed_grants_let_each_role_do_its_job_and_nothing_more(
 
     # The read-only role lists and shows; it writes nothing.
     readonly = dep.dsn(dep.readonly)
-    for args in (("runs",), ("workers",), ("dlq", "list"), ("status", "--once")):
+    for args in (
+        ("runs",), ("workers",), ("dlq", "list"), ("status", "--once"), ("schedules", "list"),
+    ):  # fmt: skip
         shown = cli(readonly, *args)
         assert shown.returncode == 0, (args, shown.stderr)
     for statement in (
         "INSERT INTO cyclone_graphs (hash, workflow, graph) VALUES ('x', 'x', '{}')",
         "UPDATE cyclone_steps SET attempt = attempt",
         "DELETE FROM cyclone_supervisors",
+        "DELETE FROM cyclone_schedules",
         "SELECT cyclone_delete_finished(0, 10, NULL)",
         "CREATE TABLE sneaky (id int)",
     ):

@@ -37,7 +37,7 @@ CORE_METRICS = {
 }
 # Added since, and Prometheus's own scrape health (`up`): whether the supervisor's database
 # reads succeed (exported with the database gauges), the due steps, unserved runs, and the
-# database's oldest transaction and transaction-ID age.
+# database's oldest transaction and transaction-ID age, schedules' ticks and lag.
 EXTRA_METRICS = {
     "cyclone_db_up",
     "up",
@@ -48,6 +48,8 @@ EXTRA_METRICS = {
     "cyclone_db_xid_age",
     "cyclone_dispatch_batch_steps",
     "cyclone_steps_throttled",
+    "cyclone_schedule_ticks_total",
+    "cyclone_schedule_lag_seconds",
 }
 HISTOGRAMS = {"cyclone_step_duration_seconds", "cyclone_dispatch_batch_steps"}
 _NAME = re.compile(r"\b(cyclone_[a-z_]+|up)\b(?=\s*[{\[)]|\s*$|\s*[=!<>]|\s+(?:and|or|offset))")
@@ -106,6 +108,7 @@ def test_alert_rules_cover_the_operator_alerts_with_spec_metric_names():
         "CycloneRunsUnserved",
         "CycloneLongTransaction",
         "CycloneXidWraparoundRisk",
+        "CycloneScheduleTicksMissed",
     }
     used = set()
     for name, expr in rules.items():
