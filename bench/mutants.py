@@ -18,7 +18,9 @@ server, started here once). Its verdict:
 
 Exit status 1 when any mutant survived. The subset named for each mutant (`tests`) is the
 quick check; `--tiers` is the one the issue asks for: would the unit and database tiers catch
-it at all. Everything runs `-p no:randomly -x`, so a verdict is one pytest run.
+it at all (they run whole, the subset first so that a kill comes early; a survivor costs a
+whole run of both tiers). Everything runs `-p no:randomly -x`, so a verdict is one pytest run,
+with the engine model derandomized (CYCLONE_MODEL=ci), so a verdict is the same every time.
 """
 
 from __future__ import annotations
@@ -253,6 +255,12 @@ MUTANTS = [
         ("tests/db/test_plans.py",),
     ),
     Mutant(
+        "plan-deadline-sweep-unbatched", SWEEPS_SQL,
+        "     ORDER BY deadline_at\n     LIMIT %(batch_size)s\n",
+        "     ORDER BY deadline_at\n",
+        ("tests/db/test_plans.py", "tests/db/test_scanner_sweeps.py"),
+    ),
+    Mutant(
         "plan-expiry-sweep-unbatched", SWEEPS_SQL,
         "     ORDER BY lease_expires_at\n     LIMIT %(batch_size)s\n",
         "     ORDER BY lease_expires_at\n",
@@ -362,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
                     if not apply(mutant, tree):
                         verdict, detail, took = "n/a", f"old text not in {mutant.path}", 0.0
                     else:
-                        tests = ["tests/unit", "tests/db"] if args.tiers else list(mutant.tests)
+                        # With --tiers, the subset first: pytest collects a file once, so
+                        # this is the two tiers whole, in an order that fails early.
+                        tiers = ["tests/unit", "tests/db"] if args.tiers else []
+                        tests = [*mutant.tests, *tiers]
                         verdict, detail, took = run_tests(tree, tests, dsn, args.timeout)
                 finally:
                     shutil.rmtree(tree, ignore_errors=True)
