@@ -65,7 +65,9 @@ def leave(code: int) -> NoReturn:
     thread was running dies with it. The child says so first (`exit`), so that the supervisor
     can tell this exit from a handler's own `os._exit`."""
     with contextlib.suppress(Exception):  # saying it is a courtesy; leaving is not
-        if _opened is not None:
+        # Only a channel this process opened: a forked child inherits its parent's reference
+        # (in tests, a channel long closed, whose fd number may be another file by now).
+        if _opened is not None and _opened.pid == os.getpid():
             _opened.say_exit(code)
     try:
         logging.shutdown()
@@ -313,6 +315,7 @@ class Channel:
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []
+        self.pid = os.getpid()
         global _opened
         _opened = self
 
