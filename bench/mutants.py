@@ -6,6 +6,7 @@ must fail. Run on demand (not by the suite: a full pass takes minutes per mutant
     python bench/mutants.py fence expiry      # the mutants whose names contain these words
     python bench/mutants.py --list            # names, files and guarding tests only
     python bench/mutants.py --repeat 3        # each mutant three times: killed every time?
+    python bench/mutants.py fence --tests tests/db/test_engine_model.py   # does the model alone?
 
 A mutant is a (file, old text, new text) edit, applied to a copy of the working tree in a
 temporary directory (the tree itself is never touched), whose tests then run with that copy
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -339,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("words", nargs="*", help="run the mutants whose names contain these")
     parser.add_argument("--tiers", action="store_true",
                         help="run tests/unit and tests/db whole, not each mutant's subset")
+    parser.add_argument("--tests", nargs="+", metavar="TEST",
+                        help="run these tests (pytest arguments) for every mutant instead")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each mutant")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per pytest run")
@@ -354,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp) / "base"
         copy_tree(base)
         # The unmutated tree must pass its subsets first, or a "killed" means nothing.
+        if args.tests:
+            chosen = [replace(m, tests=tuple(args.tests)) for m in chosen]
         subsets = sorted({t for m in chosen for t in m.tests})
         verdict, detail, took = run_tests(
             base, ["tests/unit", "tests/db"] if args.tiers else subsets, dsn, args.timeout
