@@ -138,11 +138,23 @@ def execute(
         return Outcome.failed(_describe(exc))
     except (Exception, asyncio.CancelledError) as exc:
         return Outcome.failed(_describe(exc))
+    except SystemExit as exc:
+        # sys.exit() in a handler ends the attempt, not the worker: recorded as the crash it
+        # would have been, with what the handler did (KeyboardInterrupt is left to propagate:
+        # in TestEnv it is the user's Ctrl-C).
+        return Outcome.failed(
+            f"handler raised SystemExit({_safe_repr(exc.code)})\n{_describe(exc)}",
+            kind=ErrorKind.CRASHED,
+        )  # fmt: skip
+    what = f"value returned by {lease.workflow}/{lease.node}"
     try:
-        encoded = encode_json(value, f"value returned by {lease.workflow}/{lease.node}")
+        encoded = encode_json(value, what)
     except (TypeError, PayloadTooLarge) as exc:
         # Not retried: the same code would return the same thing again.
         return Outcome.failed(str(exc), retry=False)
+    except RecursionError:
+        # Nested deeper than the interpreter's stack: a failure of the step, not the worker.
+        return Outcome.failed(f"{what}: nested too deep to store as JSON", retry=False)
     return Outcome(ok=True, value=value, encoded=encoded)
 
 
@@ -248,9 +260,28 @@ def _child_input(node: Any, ctx: StepContext) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    head = f"{type(exc).__name__}: {exc}"
-    tail = "".join(traceback.format_exception(exc))[-(_MAX_ERROR_CHARS // 2) :]
+    # A handler's exception is user code: its str() may raise, and must not take the worker
+    # (and the error) down with it. format_exception copes on its own.
+    head = f"{type(exc).__name__}: {_safe_str(exc)}"
+    try:
+        tail = "".join(traceback.format_exception(exc))[-(_MAX_ERROR_CHARS // 2) :]
+    except Exception as failed:  # a traceback of user objects can fail too (RecursionError)
+        tail = f"(no traceback: formatting it raised {type(failed).__name__})"
     return f"{head}\n{tail}"
+
+
+def _safe_str(value: object) -> str:
+    try:
+        return str(value)
+    except Exception as exc:
+        return f"<str() raised {type(exc).__name__}>"
+
+
+def _safe_repr(value: object) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"<repr() raised {type(exc).__name__}>"
 
 
 __all__ = [

@@ -180,6 +180,11 @@ class Harness:
         self.ops.exits.append((pid, status))
         self.arbiter.tick()
 
+    def leave(self, pid: int, code: int) -> None:
+        """The child's own exit, announced as `channel.leave` does, then reaped."""
+        self.send(pid, channel.Exit(code=code))
+        self.exit(pid, ExitStatus(code=code))
+
     def started(self) -> list[int]:
         self.arbiter.start()
         pids = self.workers()

@@ -12,6 +12,7 @@ A line is a verb, optionally followed by a space and a JSON object:
     idle {"step_id": 8, "token": "..."}
     scanned {"at": 1767225600.5, "ok": true, "counts": {"deadlines": 1, "expired_leases": 0}}
     want {"lease": true, "duration": 0.004, "finished": {"step_id": 7, "token": "...", ...}}
+    exit {"code": 4}
 
 and, the other way, the supervisor's answer to a `want` (see cyclone/supervisor/dispatch.py):
 
@@ -31,6 +32,7 @@ not a message, or floods its channel (Arbiter.read_channel).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -65,7 +67,13 @@ class ExitCode(IntEnum):
 def leave(code: int) -> NoReturn:
     """End a child now, from any of its threads, without running what belongs to the parent
     (atexit handlers, finalizers: rq's work horse does the same); whatever the child's main
-    thread was running dies with it."""
+    thread was running dies with it. The child says so first (`exit`), so that the supervisor
+    can tell this exit from a handler's own `os._exit`."""
+    with contextlib.suppress(Exception):  # saying it is a courtesy; leaving is not
+        # Only a channel this process opened: a forked child inherits its parent's reference
+        # (in tests, a channel long closed, whose fd number may be another file by now).
+        if _opened is not None and _opened.pid == os.getpid():
+            _opened.say_exit(code)
     try:
         logging.shutdown()
         sys.stdout.flush()
@@ -163,9 +171,18 @@ class Given:
     taken: bool = False
 
 
-Message = Ready | Leased | Done | Idle | Scanned | Want | Given
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """The child leaves with `code`, by its own decision (`leave`). An exit status that no
+    such line announced came from code the child ran: a handler's `os._exit`."""
+
+    verb: ClassVar[str] = "exit"
+    code: int
+
+
+Message = Ready | Leased | Done | Idle | Scanned | Want | Given | Exit
 _BY_VERB: dict[str, type[Any]] = {
-    cls.verb: cls for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given)
+    cls.verb: cls for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given, Exit)
 }
 # How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
 # worst case stays far below MAX_LINE.
@@ -359,6 +376,7 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
         "recorded": _maybe(_is_flag), "lease": _maybe(_is_object), "since": _maybe(_is_num),
         "own": _is_flag, "taken": _is_flag,
     },
+    Exit: {"code": lambda v: type(v) is int and 0 <= v < 256},
 }  # fmt: skip
 
 
@@ -381,6 +399,10 @@ class LineBuffer:
         return kept
 
 
+# The child's channel once opened: `leave` announces the exit on it.
+_opened: Channel | None = None
+
+
 class Channel:
     """The worker's end of the channel. A supervisor that is gone raises a ConnectionError
     (a broken pipe, or a reset when it died with lines of ours unread)."""
@@ -391,6 +413,23 @@ class Channel:
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []
+        self.pid = os.getpid()
+        global _opened
+        _opened = self
+
+    def say_exit(self, code: int, wait: float = 0.2) -> None:
+        """Best effort, from any thread or a signal handler, as the child leaves: the line is
+        skipped when the lock stays taken (the thread holding it may be the one interrupted,
+        or stuck on a full socket). Without it, the supervisor takes an exit mid-step for the
+        handler's."""
+        if not self._lock.acquire(timeout=wait):
+            return
+        try:
+            os.write(self.fd, b'exit {"code":%d}\n' % int(code))
+        except OSError:
+            pass  # the supervisor is gone: nobody to tell
+        finally:
+            self._lock.release()
 
     def send(self, *messages: Message) -> None:
         """Write the messages' lines in one write: the supervisor wakes once for all of them."""

@@ -33,12 +33,15 @@ from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 from cyclone.supervisor.children import (
+    ExitBy,
     ExitStatus,
     HeldLease,
     KillOrder,
     KillReason,
     Role,
     WorkerHandle,
+    describe_exit,
+    exit_by,
     held_lease,
 )
 from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
@@ -63,8 +66,15 @@ log = logging.getLogger(__name__)
 BOOT_BACKOFF = 0.5
 BOOT_BACKOFF_CAP = 30.0
 MAX_BOOT_FAILURES = 10
-# A child that dies this soon after its fork, unasked, counts as a boot failure.
+# A child that crashes this soon after its fork, before it ran a step, counts as a boot
+# failure though it said it booted (see failed_to_boot).
 FAST_EXIT = 1.0
+# Exits that a booted child decides on for reasons that say nothing of its boot: never a boot
+# failure, however soon they come (a worker leased a step of a run cancelled a moment later).
+NOT_BOOT_EXITS = (
+    channel.ExitCode.OK, channel.ExitCode.RECYCLE, channel.ExitCode.LEASE_LOST,
+    channel.ExitCode.STOPPED, channel.ExitCode.ORPHANED,
+)  # fmt: skip
 # After a database call failed, the next revocation poll waits this long: during an outage
 # each attempt can block the loop for a connect timeout, and kills must stay on time.
 DB_RETRY = 5.0
@@ -351,6 +361,8 @@ class Arbiter:
         elif isinstance(message, channel.Idle):
             if self.names(handle.lease, message.step_id, message.token):
                 handle.lease = None  # a lease taken for it and never started, given back
+        elif isinstance(message, channel.Exit):
+            handle.exit_said = message.code
         elif isinstance(message, channel.Want) and self.wants is not None:
             self.wants(handle, message)
         elif isinstance(message, channel.Scanned):
@@ -432,18 +444,31 @@ class Arbiter:
                 )  # fmt: skip
         elif lease is not None:
             # Died on its own mid-step (or mid a step leased after the one we killed it for).
-            self.record(lease, ErrorKind.CRASHED, f"worker process {status.describe()}")
+            self.record(lease, ErrorKind.CRASHED, describe_exit(handle, status))
         unasked = kill is None and not handle.retiring and not self.draining
         if unasked and self.failed_to_boot(handle, status):
             self.boot_failed(handle)
 
     def failed_to_boot(self, handle: WorkerHandle, status: ExitStatus) -> bool:
-        if not handle.booted or status.code == channel.ExitCode.BOOT_ERROR:
+        """Whether an exit we did not ask for counts toward the respawn backoff and the halt.
+
+        Judged by what the child said, not by how soon it left: a child that never said
+        `ready`, or that says it cannot reach its database (BOOT_ERROR, its own exit after
+        boot: a worker whose database went away), failed to boot. A booted child's own exits
+        for other reasons (NOT_BOOT_EXITS) and a handler's exit (the step is its record) never
+        count. One exception guards against forking as fast as we can: a booted child that
+        crashed before it ran a step, within FAST_EXIT of its fork (its database lacks the
+        schema, a native module it imports segfaults).
+        """
+        if not handle.booted:
+            return status.code not in NOT_BOOT_EXITS
+        by = exit_by(handle, status)
+        if by is ExitBy.HANDLER or status.code in NOT_BOOT_EXITS:
+            return False
+        if status.code == channel.ExitCode.BOOT_ERROR:
             return True
-        # A child that crashes right after booting (its database lacks the schema, say)
-        # would otherwise be respawned as fast as we can fork.
-        expected = status.code in (channel.ExitCode.OK, channel.ExitCode.RECYCLE)
-        return not expected and self.clock() - handle.spawned_at < FAST_EXIT
+        idle_so_far = handle.steps == 0 and handle.lease is None
+        return idle_so_far and self.clock() - handle.spawned_at < FAST_EXIT
 
     def database_failed(self) -> None:
         """Someone (the scanner, presence) found the database down: workers cannot boot."""

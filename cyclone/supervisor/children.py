@@ -140,6 +140,9 @@ class WorkerHandle:
     # Lines read in the current second (see Arbiter.read_channel), and when it began.
     lines: int = 0
     lines_since: float = 0.0
+    # The code its last `exit` line announced: an exit status that matches it is the child's
+    # own decision; one that does not, while a handler ran, is the handler's (see exit_by).
+    exit_said: int | None = None
 
     @property
     def busy(self) -> bool:
@@ -150,6 +153,33 @@ class WorkerHandle:
         if self.role is Role.SCANNER:
             return f"scanner (pid {self.pid})"
         return f"worker {self.number} (pid {self.pid})"
+
+
+class ExitBy(enum.StrEnum):
+    """Whose decision ended a child (`exit_by`)."""
+
+    CHILD = "child"  # its own exit code, announced by an `exit` line (or idle: nothing else ran)
+    HANDLER = "handler"  # an exit code nobody announced while a handler ran: os._exit in it
+    SIGNAL = "signal"  # killed by a signal (ours, the OOM killer's, a segfault)
+
+
+def exit_by(handle: WorkerHandle, status: ExitStatus) -> ExitBy:
+    """Who ended the child. A worker announces each exit of its own (`channel.leave`); only
+    while it runs a step does other code run in it, so an unannounced exit code then is the
+    handler's. Idle, an unannounced code is still taken as the child's: the line can be lost
+    (its lock held by a thread stuck on a full socket)."""
+    if status.code is None:
+        return ExitBy.SIGNAL
+    if handle.lease is not None and handle.exit_said != status.code:
+        return ExitBy.HANDLER
+    return ExitBy.CHILD
+
+
+def describe_exit(handle: WorkerHandle, status: ExitStatus) -> str:
+    """What ended a worker mid-step, as its step's error text."""
+    if exit_by(handle, status) is ExitBy.HANDLER:
+        return f"handler called os._exit({status.code}) (or ended its process in a like way)"
+    return f"worker process {status.describe()}"
 
 
 # The supervisor's clock and the database's agree only to a few milliseconds; a deadline kill

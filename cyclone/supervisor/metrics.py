@@ -33,7 +33,15 @@ from prometheus_client.registry import Collector
 
 from cyclone.child.channel import ExitCode, Scanned
 from cyclone.engine.sweeps import SWEEPS
-from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, Role, WorkerHandle
+from cyclone.supervisor.children import (
+    ExitBy,
+    ExitStatus,
+    HeldLease,
+    KillReason,
+    Role,
+    WorkerHandle,
+    exit_by,
+)
 from cyclone.supervisor.gauges import DatabaseGauges
 from cyclone.supervisor.labels import MAX_NODES, MAX_WORKFLOWS, LabelCap, top
 
@@ -152,6 +160,8 @@ class Metrics:
             reason = f"killed_{handle.kill.reason}"
         elif status.signal is not None:
             reason = "signal"
+        elif exit_by(handle, status) is ExitBy.HANDLER:
+            reason = "handler_exit"  # its code is the handler's, not one of ExitCode's
         else:
             # A label from a fixed set: an exit code outside the protocol is just "exit".
             try:

@@ -165,6 +165,7 @@ class Worker:
         keeper = getattr(self, "keeper", None)  # None before it started: no lease held yet
         if keeper is not None and keeper.lapsed():
             os.write(2, b"cyclone worker: resumed past its lease; exiting\n")
+            self.channel.say_exit(ExitCode.LEASE_LOST, wait=0.1)  # not a handler's exit
             os._exit(ExitCode.LEASE_LOST)
 
     def _on_signal_seen(self, signum: int) -> None:

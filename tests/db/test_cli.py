@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import timedelta
 
@@ -156,6 +157,25 @@ def test_runs_lists_newest_first_and_filters(capsys, cenv):
     assert len(run_cli(capsys, cenv, "runs", "--limit", "1", "--json").json()) == 1
     r = run_cli(capsys, cenv, "runs", "--workflow", "nothing-here")
     assert r.code == 0 and "no runs match" in r.err
+
+
+def test_runs_shows_a_paused_runs_time_left_frozen_as_it_was_paused(capsys, cenv):
+    paused = cenv.client.submit(approve, {}, run_deadline=timedelta(hours=1))
+    running = cenv.client.submit(approve, {}, run_deadline=timedelta(hours=1))
+    assert run_cli(capsys, cenv, "pause", paused).code == 0
+    # Both submitted, and the one paused, ten minutes ago (`runs` reads the server's clock).
+    cenv.conn.execute(
+        "UPDATE cyclone_runs SET created_at = created_at - interval '10 minutes',"
+        " deadline_at = deadline_at - interval '10 minutes',"
+        " paused_at = paused_at - interval '10 minutes'"
+    )
+    left = {r["id"]: r["deadline_left"] for r in run_cli(capsys, cenv, "runs", "--json").json()}
+    assert 3599 <= left[paused] <= 3600  # what it had when paused, however long ago
+    assert 2990 <= left[running] <= 3000  # counting down
+    r = run_cli(capsys, cenv, "runs")
+    assert r.code == 0
+    lines = {run: next(x for x in r.out.splitlines() if run in x) for run in (paused, running)}
+    assert re.search(r" 59m5\ds ", lines[paused]) and re.search(r" 49m\d+s ", lines[running])
 
 
 @pytest.mark.parametrize(

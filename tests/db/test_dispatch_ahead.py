@@ -185,6 +185,29 @@ def test_a_lease_taken_ahead_that_no_worker_takes_in_time_is_given_back(
     assert [(steps[i]["state"], steps[i]["attempt"]) for i in ahead] == [("available", 0)] * AHEAD
 
 
+def test_a_lease_taken_ahead_goes_back_once_it_waited_5_percent_of_its_steps_time(
+    harness,
+) -> None:
+    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
+    harness.want(1)
+    first = harness.answer(1)
+    harness.settle()
+    ahead = [r.row["id"] for r in harness.dispatcher.ready]
+    assert len(ahead) == AHEAD
+    for r in harness.dispatcher.ready:
+        # Steps of a second: after 60 ms (well within READY_FOR) a lease held ready has
+        # spent 6% of its step's time waiting; handed on, it would be killed that much early.
+        r.row["kill_after"] = 1.0
+        r.sent -= 0.06
+    harness.dispatcher.flush(harness.arbiter)
+    assert harness.dispatcher.ready == []
+    assert [r.row["id"] for s in harness.dispatcher.sessions for r in s.releasing] == ahead
+    harness.settle()
+    steps = {s["id"]: s for s in harness.steps()}
+    assert [(steps[i]["state"], steps[i]["attempt"]) for i in ahead] == [("available", 0)] * AHEAD
+    assert steps[first.lease["id"]]["state"] == "running"
+
+
 def test_leases_taken_ahead_under_an_old_config_go_back(harness) -> None:
     """After a reload the new workers may not serve the workflows of the old config."""
     harness.env.client.submit_many(quick, list(range(AHEAD + 2)))

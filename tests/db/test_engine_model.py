@@ -8,6 +8,7 @@ errors) and docs/run-deadlines.md against `cyclone_runs` and `cyclone_steps`.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -614,11 +615,34 @@ class EngineModel(RuleBasedStateMachine):
         assert not lost_runs, f"runs {lost_runs} vanished"
 
 
+# How hard the machine tries, by CYCLONE_MODEL (CI=true implies "ci"):
+# - "ci": a fixed set of examples, the same on every run (derandomize): CI goes red for a fault
+#   of the code, never for luck, and a fault it caught once it catches every time;
+# - "dev" (the default): fewer, new on each run, so that local runs explore;
+# - "long": many, random, for a nightly run; `pytest --hypothesis-seed N` replays one.
+# CYCLONE_MODEL_EXAMPLES overrides the count of any of them.
+MODEL_PROFILES: dict[str, dict[str, Any]] = {
+    "ci": {"max_examples": 80, "derandomize": True},
+    "dev": {"max_examples": 25},
+    "long": {"max_examples": 1000},
+}
+
+
+def model_profile() -> dict[str, Any]:
+    name = os.environ.get("CYCLONE_MODEL") or ("ci" if os.environ.get("CI") else "dev")
+    if name not in MODEL_PROFILES:
+        raise ValueError(f"CYCLONE_MODEL={name!r}: one of {', '.join(MODEL_PROFILES)}")
+    profile = dict(MODEL_PROFILES[name])
+    if os.environ.get("CYCLONE_MODEL_EXAMPLES"):
+        profile["max_examples"] = int(os.environ["CYCLONE_MODEL_EXAMPLES"])
+    return profile
+
+
 EngineModel.TestCase.settings = settings(
-    max_examples=25,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    **model_profile(),
 )
 TestRandomOperationsKeepEveryEngineInvariant = EngineModel.TestCase
 

@@ -83,6 +83,27 @@ def test_the_lease_sweep_reclaims_only_expired_leases(env) -> None:
     assert (step.state, step.error_kind) == (StepState.AVAILABLE, ErrorKind.LEASE_EXPIRED)
 
 
+@pytest.mark.parametrize(
+    ("name", "workflow", "later"),
+    [
+        ("deadlines", tasks, timedelta(minutes=2)),
+        ("expired_leases", tasks, timedelta(seconds=31)),
+        ("max_wait", waits, timedelta(minutes=6)),
+        ("sleeps", sleeps, timedelta(minutes=6)),
+    ],
+)  # fmt: skip
+def test_a_sweep_takes_one_batch_of_its_due_rows_per_call(env, name, workflow, later) -> None:
+    # The batch bounds each transaction (and its locks): the scanner loops for the rest.
+    deadline = timedelta(minutes=1) if name == "deadlines" else None
+    env.client.submit_many(workflow, [{}] * 3, run_deadline=deadline)
+    if name == "expired_leases":
+        for _ in range(3):
+            lease(env)
+    sweep = getattr(engine, f"sweep_{name}")
+    now = env.now() + later
+    assert [sweep(env.conn, batch_size=2, now=now) for _ in range(3)] == [2, 1, 0]
+
+
 def test_the_max_wait_sweep_dead_letters_waits_parked_too_long(env) -> None:
     run_id = env.client.submit(waits, {})
     sweep = sweeper("max_wait")

@@ -118,10 +118,30 @@ def test_deadline_failure_is_distinct_from_an_ordinary_step_failure(env: TestEnv
     def boom(ctx):
         raise RuntimeError("ordinary failure")
 
+    env.register(parks)
     ordinary = env.client.submit(flaky, {})
     st = env.run_until_complete(ordinary)
     assert (st.state, st.error_kind) == (RunState.FAILED, ErrorKind.ERROR)
     assert "ordinary failure" in st.error
+    late = env.client.submit(parks, {}, run_deadline=timedelta(minutes=5))
+    env.run_until_idle()
+    env.advance_time(timedelta(minutes=6))
+    st = env.run_until_complete(late)
+    assert (st.state, st.error_kind, st.error) == (
+        RunState.FAILED, ErrorKind.DEADLINE, DEADLINE_ERROR,
+    )  # fmt: skip
+    # Told apart wherever a failure is read: the run, its dead step, the DLQ by reason, and
+    # the seed page's queries (which select by kind).
+    [boom_step] = env.client.steps(ordinary)
+    [approval] = [x for x in env.client.steps(late) if x.state == StepState.DEAD]
+    assert (boom_step.error_kind, approval.error_kind) == (ErrorKind.ERROR, ErrorKind.DEADLINE)
+    by_reason = {
+        kind: [x.id for x in env.client.exhausted(cyclone.ExhaustedQuery(reason=kind))]
+        for kind in (ErrorKind.ERROR, ErrorKind.DEADLINE)
+    }
+    assert by_reason == {ErrorKind.ERROR: [boom_step.id], ErrorKind.DEADLINE: [approval.id]}
+    assert {str(r["run_id"]) for r in env.conn.execute(DEADLINE_STEPS_SQL).fetchall()} == {late}
+    assert [str(r["id"]) for r in env.conn.execute(DEADLINE_RUNS_SQL).fetchall()] == [late]
 
 
 def test_dlq_and_both_sql_queries_select_the_deadline_steps_as_written(env: TestEnv):

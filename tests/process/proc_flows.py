@@ -38,7 +38,7 @@ crashy = cyclone.Workflow("proc-crashy")
 @crashy.task(max_attempts=3)
 def crash_once(ctx: cyclone.StepContext) -> str:
     if ctx.attempt == 1:
-        os._exit(13)
+        os._exit(3)  # the worker's own BOOT_ERROR code: the supervisor must tell it apart
     return f"survived on attempt {ctx.attempt}"
 
 

@@ -29,7 +29,13 @@ def test_the_short_chaos_soak_finds_no_violation() -> None:
     # The checks had something to check: runs completed, attempts were killed and retried,
     # and the faults happened.
     runs = {k: int(v) for k, v in re.findall(r"'(\w[\w -]*)': (\d+)", _line(out, "run ends"))}
-    assert runs.get("chain completed", 0) + runs.get("fan completed", 0) >= 20, out
+    # Each of the 36 runs is a chain, a fan or (since 4c6d7db) a quick run, drawn at random, and
+    # some are cancelled or bound to miss their deadline: the chains and fans that completed
+    # were 16, 21 and 22 in three runs (15 quick runs, 2 cancels and 3 deadlines left 16, which
+    # the old floor of 20 failed: issue 30). Floors well below what a draw leaves:
+    completed = {k: v for k, v in runs.items() if k.endswith(" completed")}
+    assert runs.get("chain completed", 0) + runs.get("fan completed", 0) >= 10, out
+    assert sum(completed.values()) >= 20, out
     assert int(_line(out, "extra attempts of completed steps").split(": ")[1]) >= 5, out
     faults = _line(out, "faults")
     for fault in ("kill_worker", "freeze_worker", "pg_restart", "kill_supervisor"):

@@ -78,6 +78,14 @@ def test_effects_happen_once_across_frozen_workers_and_a_killed_supervisor(
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
         frozen += 1
+    # Else the loop ran out of time with nothing frozen, and the test would check nothing.
+    assert frozen >= 2, f"froze {frozen} busy workers in 15 s"
+    # A frozen worker is killed before its lease can lapse (silent), its attempt recorded
+    # crashed: the freezes reached steps mid-write.
+    crashed = env.conn.execute(
+        "SELECT count(*) AS n FROM cyclone_step_attempts WHERE error_kind = 'crashed'"
+    ).fetchone()["n"]
+    assert crashed >= 1, "no frozen worker's attempt was cut short"
     # The supervisor dies mid-step (its workers die with it); another host takes over once
     # their leases lapse.
     first.popen.send_signal(signal.SIGKILL)

@@ -29,15 +29,17 @@ def test_a_stubborn_handler_dies_at_its_runs_deadline_with_its_grandchild(
 ) -> None:
     from proc_flows import stubborn
 
-    sup = supervisor()
+    # No scanner: only the supervisor's own deadline timer (from the lease) can fail the run
+    # and kill its worker here.
+    sup = supervisor(scanner__enabled="false", wait=False)
+    wait_for(lambda: len(sup.workers()) == 2, 15, f"2 workers\n{sup.log()}")
     run_id = env.client.submit(stubborn, {"dir": str(tmp_path)}, run_deadline=1.5)
     worker, grandchild = handler_pids(tmp_path, run_id)
     assert alive(grandchild)
     assert_group_gone(worker, grandchild, timeout=5)
     killed_at = env.conn.execute("SELECT now() AS now").fetchone()["now"]
     status = wait_for(lambda: terminal(env, run_id), 5, "the run to fail")
-    # The supervisor knows the deadline from the lease, so no scanner pass is awaited:
-    # kill_grace (0.3 s) plus polling slack.
+    # The supervisor knows the deadline from the lease: kill_grace (0.3 s) plus slack.
     assert (killed_at - status.deadline_at).total_seconds() < 1.0
     assert status.state == RunState.FAILED and status.error_kind == ErrorKind.DEADLINE
     (step,) = env.client.steps(run_id)
@@ -45,6 +47,7 @@ def test_a_stubborn_handler_dies_at_its_runs_deadline_with_its_grandchild(
         StepState.DEAD, ErrorKind.DEADLINE, DEADLINE_ERROR,
     )  # fmt: skip
     replacement(sup, worker)
+    assert sup.scanners() == []
 
 
 def test_a_stubborn_handler_dies_when_its_run_is_cancelled(env, supervisor, tmp_path) -> None:

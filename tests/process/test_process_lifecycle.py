@@ -42,8 +42,13 @@ def test_a_worker_exiting_mid_step_fails_the_attempt_as_crashed_then_it_is_retri
     assert (step.state, step.attempt) == (StepState.COMPLETED, 2)
     assert env.client.get_run(run_id).output == {"crash_once": "survived on attempt 2"}
     assert "recorded as crashed" in sup.log(), sup.log()
+    # The handler's os._exit(3), not the worker's own exit 3 (boot_error): no backoff.
+    (first,) = env.client.attempts(step.id)
+    assert first.error == "handler called os._exit(3) (or ended its process in a like way)"
+    assert "failed to boot" not in sup.log()
     wait_for(lambda: len(sup.workers()) == 2, 5, "a replacement worker")
     metrics = sup.metrics()
+    assert 'cyclone_worker_restarts_total{reason="handler_exit"} 1.0' in metrics
     labels = 'node="crash_once",outcome="{}",workflow="proc-crashy"'
     assert f"cyclone_steps_total{{{labels.format('crashed')}}} 1.0" in metrics
     assert f"cyclone_steps_total{{{labels.format('completed')}}} 1.0" in metrics

@@ -6,9 +6,11 @@ import asyncio
 import os
 import select
 import signal
+import sys
 import time
 from datetime import timedelta
 
+import psycopg
 import pytest
 
 import cyclone
@@ -69,13 +71,25 @@ async def doze(ctx):
     return "awake"
 
 
+leaving = cyclone.Workflow("worker-leaving")
+
+
+@leaving.task(timeout=timedelta(minutes=1), max_attempts=2)
+def leave_how(ctx):
+    if ctx.attempt == 1 and ctx.input["how"] == "os._exit":
+        os._exit(3)  # the worker's own BOOT_ERROR code, from the handler
+    if ctx.attempt == 1 and ctx.input["how"] == "sys.exit":
+        sys.exit(2)
+    return ctx.attempt
+
+
 class Forked:
     def __init__(self, env, max_steps: int = 0, heartbeat: float = 0.2) -> None:
         options = WorkerOptions(
             number=1, dsn=env.dsn, lease_ttl=max(3.0, heartbeat * 3),
             heartbeat_interval=heartbeat, poll_interval=0.05, max_steps=max_steps,
         )  # fmt: skip
-        registry = Registry([pair, patient, slow, sleepy])
+        registry = Registry([pair, patient, slow, sleepy, leaving])
         self.pid, self.fd = OsProcessOps().spawn(
             Worker(options, registry, parent=os.getpid()).run, close_fds=[]
         )
@@ -121,7 +135,7 @@ class Forked:
 
 @pytest.fixture
 def forked(env):
-    env.register(pair, patient, slow, sleepy)
+    env.register(pair, patient, slow, sleepy, leaving)
     started: list[Forked] = []
 
     def start(max_steps: int = 0, heartbeat: float = 0.2) -> Forked:
@@ -146,6 +160,8 @@ def test_a_worker_reports_each_step_and_recycles_after_max_steps(env, forked) ->
     worker.read_until("done")
     assert worker.wait_exit() == ExitStatus(code=ExitCode.RECYCLE)
     assert env.client.get_run(run_id).output == {"second": 2}
+    # Its own exit, announced (channel.leave), as every exit of its own is.
+    assert worker.rest()[-1] == channel.Exit(code=ExitCode.RECYCLE)
 
 
 def test_an_idle_worker_says_so_once_and_leaves_on_sigusr1(forked) -> None:
@@ -166,6 +182,7 @@ def test_sigterm_sets_ctx_done_and_the_worker_leaves_without_recording(env, fork
     assert worker.wait_exit(5) == ExitStatus(code=ExitCode.STOPPED)
     (step,) = env.client.steps(run_id)
     assert step.state == StepState.RUNNING  # the supervisor writes the outcome, not the worker
+    assert worker.rest()[-1] == channel.Exit(code=ExitCode.STOPPED)
 
 
 def test_sigterm_cancels_an_async_handler_even_after_one_took_the_wakeup_fd(env, forked):
@@ -188,6 +205,26 @@ def test_sigusr1_lets_the_running_step_finish_and_be_recorded(env, forked) -> No
     assert worker.read_until("done").outcome == "completed"
     assert worker.wait_exit() == ExitStatus(code=ExitCode.OK)
     assert env.client.get_run(run_id).state == RunState.COMPLETED
+
+
+def test_a_handlers_os_exit_is_not_announced_as_the_workers_own(env, forked) -> None:
+    env.client.submit(leaving, {"how": "os._exit"})
+    worker = forked()
+    worker.read_until("leased")
+    assert worker.wait_exit() == ExitStatus(code=ExitCode.BOOT_ERROR)
+    assert not any(m.verb == "exit" for m in worker.rest())
+
+
+def test_sys_exit_in_a_handler_fails_its_attempt_and_the_worker_goes_on(env, forked) -> None:
+    run_id = env.client.submit(leaving, {"how": "sys.exit"})
+    worker = forked()
+    worker.read_until("leased")
+    done = worker.read_until("done")
+    assert (done.outcome, done.retry) == ("failed", True)
+    assert done.error == "handler raised SystemExit(2)"
+    assert os.waitpid(worker.pid, os.WNOHANG) == (0, 0)  # still there
+    (first,) = env.client.attempts(env.client.steps(run_id)[0].id)
+    assert first.error_kind == "crashed"
 
 
 def test_a_worker_whose_lease_nobody_renews_stops_before_it_could_lapse(env, forked) -> None:
@@ -215,15 +252,34 @@ def test_worker_sessions_end_a_transaction_left_idle_for_a_lease(env) -> None:
     # A transaction left open (by a worker frozen mid-step, say) holds its locks for a lease
     # at most: PostgreSQL ends the session and rolls it back.
     options = WorkerOptions(
-        number=1, dsn=env.dsn, lease_ttl=2.5, heartbeat_interval=0.5, poll_interval=0.05,
+        number=1, dsn=env.dsn, lease_ttl=1.0, heartbeat_interval=0.25, poll_interval=0.05,
         max_steps=0,
     )  # fmt: skip
     worker = Worker(options, Registry([pair]), parent=os.getpid())
     for conn in (worker.db(), worker.effects_db()):
         try:
             row = conn.execute("SHOW idle_in_transaction_session_timeout").fetchone()
-            assert row["idle_in_transaction_session_timeout"] == "2500ms"
+            assert row["idle_in_transaction_session_timeout"] == "1s"
+            pid = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
             conn.rollback()
+            conn.execute("BEGIN" if conn.autocommit else "SELECT 1")  # then left idle in it
+            started = time.monotonic()
+            wait_for_session_end(env, pid, timeout=10)
+            assert time.monotonic() - started >= 0.5  # ended by the timeout, not at once
+            with pytest.raises(psycopg.Error):
+                conn.execute("SELECT 1")
         finally:
             conn.close()
     assert worker.effects_conn is not None and not worker.effects_conn.autocommit
+
+
+def wait_for_session_end(env, pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = env.conn.execute(
+            "SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()
+        if row["n"] == 0:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"session {pid} still there after {timeout}s idle in its transaction")

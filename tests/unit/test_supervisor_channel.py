@@ -28,6 +28,7 @@ LEASED = channel.Leased(
         LEASED,
         channel.Done(step_id=7, outcome="completed", duration=0.25),
         channel.Idle(),
+        channel.Exit(code=4),
     ],
 )
 def test_every_message_survives_a_round_trip_as_one_line(message: channel.Message) -> None:
@@ -106,6 +107,23 @@ def test_a_channel_writes_whole_lines_into_a_pipe() -> None:
     try:
         channel.Channel(write_fd).send(LEASED)
         assert channel.decode(os.read(read_fd, 65536)) == LEASED
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_a_channel_announces_its_childs_exit_and_never_waits_long_for_its_lock() -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        ours = channel.Channel(write_fd)
+        ours.say_exit(channel.ExitCode.LEASE_LOST)
+        assert channel.decode(os.read(read_fd, 65536)) == channel.Exit(code=4)
+        # The lock held (by the thread a signal interrupted, say): no line, no wait past `wait`.
+        ours._lock.acquire()
+        ours.say_exit(channel.ExitCode.CRASHED, wait=0.01)
+        os.set_blocking(read_fd, False)
+        with pytest.raises(BlockingIOError):
+            os.read(read_fd, 65536)
     finally:
         os.close(read_fd)
         os.close(write_fd)

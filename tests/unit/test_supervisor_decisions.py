@@ -97,8 +97,8 @@ def test_a_worker_dying_on_its_own_mid_step_fails_the_attempt_as_crashed_at_once
     pid = h.started()[0]
     h.clock.advance(FAST_EXIT)
     h.lease(pid, kill_after=None)
-    h.exit(pid, ExitStatus(code=42))
-    assert h.store.failed == [(7, tok(7), ErrorKind.CRASHED, "worker process exited with 42")]
+    h.exit(pid, ExitStatus(signal=signal.SIGSEGV))
+    assert h.store.failed == [(7, tok(7), ErrorKind.CRASHED, "worker process killed by SIGSEGV")]
     assert len(h.workers()) == 2
 
 
