@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 
 import pytest
-from fakes import Harness
+from fakes import Harness, tok
 from prometheus_client import generate_latest
 
 from cyclone.child import channel
@@ -95,7 +95,7 @@ def test_a_booted_worker_killed_by_a_signal_mid_step_is_not(h: Harness) -> None:
     pid = booted_worker(h)
     h.lease(pid)
     assert failures_after(h, pid, status=SEGV) == 0
-    assert h.store.failed == [(7, "tok-7", ErrorKind.CRASHED, "worker process killed by SIGSEGV")]
+    assert h.store.failed == [(7, tok(7), ErrorKind.CRASHED, "worker process killed by SIGSEGV")]
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_a_handlers_own_exit_is_the_steps_crash_not_the_workers(
     assert exit_by(handle, ExitStatus(code=code)) is ExitBy.HANDLER  # nobody announced it
     h.exit(pid, ExitStatus(code=code))
     assert h.store.failed == [(
-        7, "tok-7", ErrorKind.CRASHED,
+        7, tok(7), ErrorKind.CRASHED,
         f"handler called os._exit({code}) (or ended its process in a like way)",
     )]  # fmt: skip
     assert h.arbiter.boot_failures == 0 and "failed to boot" not in caplog.text
