@@ -80,15 +80,14 @@ BASELINE = "baseline"
 bench_1step, bench_5step = SHAPES[1], SHAPES[5]
 
 # Flow-controlled 1-step drains (--only flow), each beside the same drain with no limits:
-# limits declared but not binding (a per-key limit no key reaches, a node limit and a rate
-# limit far above the drain), and a binding per-key limit of 1 over FLOW_KEYS keys.
+# limits declared but not binding (a per-key limit no key reaches, a node limit of 64 steps at
+# once, above any drain's workers, and a rate limit far above the drain), and a binding
+# per-key limit of 1 over FLOW_KEYS keys.
 FLOW_KEYS = 100
 bench_declared = cyclone.Workflow(
     "bench_declared", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
 )
-bench_declared.task(
-    engine._noop, name="s1", concurrency=1_000_000, rate_limit="bench-unbound"
-)
+bench_declared.task(engine._noop, name="s1", concurrency=64, rate_limit="bench-unbound")
 bench_keyed = cyclone.Workflow("bench_keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
 bench_keyed.task(engine._noop, name="s1")
 FLOWS = {"none": bench_1step, "declared": bench_declared, "keyed": bench_keyed}
