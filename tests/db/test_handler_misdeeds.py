@@ -72,7 +72,8 @@ def test_an_output_nested_5000_deep_dead_letters_its_step(env: TestEnv) -> None:
     assert (st.state, st.error_kind) == (RunState.FAILED, ErrorKind.ERROR)
     step = only_step(env, run_id)
     assert step.state == StepState.DEAD and step.attempt == 1  # the same code, the same value
-    assert "nested too deep to store as JSON" in (step.error or "")
+    # The depth bound of every payload (issue 22, item 3) names the limit.
+    assert "nested more than 100 levels deep (the limit is 100)" in (step.error or "")
 
 
 def test_map_items_nested_5000_deep_dead_letter_the_map(env: TestEnv) -> None:
@@ -80,4 +81,5 @@ def test_map_items_nested_5000_deep_dead_letter_the_map(env: TestEnv) -> None:
     run_id = env.client.submit(misdeeds, {"deep_items": True})
     st = env.run_until_complete(run_id)
     assert st.state == RunState.FAILED
-    assert "nested too deep to store as JSON" in (only_step(env, run_id, "each").error or "")
+    error = only_step(env, run_id, "each").error or ""
+    assert "nested more than 100 levels deep (the limit is 100)" in error
