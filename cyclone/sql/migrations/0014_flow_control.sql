@@ -192,6 +192,13 @@ DECLARE
     admitted integer;
 BEGIN
     PERFORM cyclone_slot_lock(wf, ckey);
+    -- Under the lock, a submit that queued a run has committed: with none queued, nothing to
+    -- count (the common case of a limit that does not bind).
+    IF NOT EXISTS (SELECT 1 FROM cyclone_runs r
+                    WHERE r.workflow = wf AND r.concurrency_key = ckey AND r.state = 'queued')
+    THEN
+        RETURN 0;
+    END IF;
     SELECT count(*) INTO active FROM cyclone_runs r
      WHERE r.workflow = wf AND coalesce(r.concurrency_key, '') = ckey
        AND r.queued = false AND r.pass > 0;
@@ -300,6 +307,7 @@ DECLARE
     bucket cyclone_rate_buckets%ROWTYPE;
     bkey text;
     keyfield text;
+    keyed_graph text;
     wait float8;
     full_keys text[] := '{}';
 BEGIN
@@ -330,7 +338,10 @@ BEGIN
         EXIT WHEN free <= 0;
         wait := 0;
         IF st.rate_limit IS NOT NULL THEN
-            keyfield := cyclone_node_rate_key(st.graph_hash, nd);
+            IF st.graph_hash IS DISTINCT FROM keyed_graph THEN  -- one graph read per graph
+                keyfield := cyclone_node_rate_key(st.graph_hash, nd);
+                keyed_graph := st.graph_hash;
+            END IF;
             bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
             CONTINUE WHEN bkey = ANY (full_keys);
             SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
@@ -339,11 +350,16 @@ BEGIN
                 full_keys := full_keys || bkey;
                 CONTINUE;
             END IF;
-            INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
-            VALUES (st.rate_limit, bkey, lim_row.burst, at)
-            ON CONFLICT (name, key) DO NOTHING;
             SELECT * INTO bucket FROM cyclone_rate_buckets
              WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+            IF NOT FOUND THEN
+                -- A bucket's first token (or one another admission holds: then, next time).
+                INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+                VALUES (st.rate_limit, bkey, lim_row.burst, at)
+                ON CONFLICT (name, key) DO NOTHING;
+                SELECT * INTO bucket FROM cyclone_rate_buckets
+                 WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+            END IF;
             IF NOT FOUND THEN
                 full_keys := full_keys || bkey;
                 CONTINUE;
