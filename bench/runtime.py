@@ -311,7 +311,11 @@ def fairness(base: str, backlog: int, workers: int) -> dict[str, float]:
                 client.submit_many(bench_fair, [{"k": "big"}] * min(engine.BATCH, backlog - start))
         sup = Supervisor(env.dsn, Path(tmp), workers)
         try:
-            time.sleep(1.0)  # the drain is under way
+            # The drain is under way: a hundred runs done.
+            while scalar(env, COMPLETED) < 100:
+                if sup.popen.poll() is not None:
+                    raise RuntimeError(f"the supervisor died:\n{sup.log()[-3000:]}")
+                time.sleep(0.05)
             with cyclone.Client(env.dsn) as client:
                 waiting = scalar(env, "SELECT count(*) FROM cyclone_steps"
                                       " WHERE state = 'available'")  # fmt: skip

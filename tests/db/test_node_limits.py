@@ -224,6 +224,6 @@ def test_a_limited_step_made_by_a_chain_completion_is_held_like_a_root(env: Test
 
 
 def lease_of(env: TestEnv, wf: cyclone.Workflow, node: str) -> engine.Lease:
-    lease = engine.lease_step(env.conn, worker="nl", workflows=[wf.name], now=env.now())
-    assert lease is not None and lease.node == node, lease
-    return lease
+    taken = lease(env, wf)
+    assert taken is not None and taken.node == node, taken
+    return taken
