@@ -116,6 +116,7 @@ workers = {workers}
 kill_grace = "{kill_grace}"
 max_steps_per_worker = {max_steps}
 dispatch = {dispatch}
+wake = {wake}
 [worker]
 lease_ttl = "30s"
 heartbeat_interval = "5s"
@@ -137,7 +138,8 @@ class Supervisor(launch.Supervisor):
     def __init__(self, dsn: str, tmp: Path, workers: int, **config: str) -> None:
         options = {
             "kill_grace": "200ms", "poll": "100ms", "scan": "500ms", "port": "0",
-            "max_steps": "0", "modules": '"runtime"', "dispatch": DISPATCH, **config,
+            "max_steps": "0", "modules": '"runtime"', "dispatch": DISPATCH, "wake": "true",
+            **config,
         }  # fmt: skip
         super().__init__(dsn, tmp, CONFIG.format(workers=workers, **options))
         self.ready_wall: float

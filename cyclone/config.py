@@ -211,6 +211,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Lease for the idle workers and record the tasks they finished in one statement "
             "for all of them; false: each worker leases and records on its own session. Off "
             "when [database] prepared_statements is false."),
+    Setting("supervisor", "wake", BOOL, True, None,
+            "Wake an idle worker the moment a step becomes ready, and the scanner when a timer "
+            "(a retry, a sleep, a max_wait, a deadline) comes due (LISTEN/NOTIFY; a "
+            "transaction pooler cannot deliver them: polling then). False: idle workers look "
+            "every poll_interval and timers wait for the scanner's interval."),
     Setting("supervisor", "queues", QUEUES, None, QUEUE_NAMES,
             "The queues this VM serves (a workflow's queue: Workflow(..., queue=...)). A list "
             "serves those queues; a table also caps how many of its workers each may hold at "
@@ -223,7 +228,8 @@ SETTINGS: tuple[Setting, ...] = (
             "lease_ttl. A worker whose lease is not renewed is killed this long before the "
             "lease lapses."),
     Setting("worker", "poll_interval", DURATION, 1.0, POSITIVE,
-            "How often an idle worker looks for work when no notification arrives."),
+            "How often an idle worker looks for work when nothing wakes it (see [supervisor] "
+            "wake): a fallback, so a minute is as good as a second while notifications work."),
     Setting("worker", "max_memory", SIZE, None, MEMORY,
             "Most memory each worker process may allocate (its RLIMIT_DATA: heap and private "
             "mappings, what it inherited from the supervisor included); a handler past it gets "
@@ -288,6 +294,7 @@ class SupervisorConfig:
     shutdown_timeout: float = _default("supervisor", "shutdown_timeout")
     max_steps_per_worker: int = _default("supervisor", "max_steps_per_worker")
     dispatch: bool = _default("supervisor", "dispatch")
+    wake: bool = _default("supervisor", "wake")
     queues: tuple[tuple[str, int | None], ...] | None = _default("supervisor", "queues")
 
     def serves(self, queue: str) -> bool:

@@ -98,6 +98,15 @@ def check_dsn(dsn: str, *, syntax: bool = True) -> None:
         hint = _PERCENT_HINT if "percent-encoded" in str(exc) else ""
         text = redact_error(str(exc), dsn)
         raise ConfigError(f"not a usable database URL: {text}{hint}") from None
+    except UnicodeDecodeError:
+        if not syntax:
+            return
+        # An escape such as %80 that libpq decodes to bytes that are not UTF-8; the message
+        # names no part of the URL: the escape may sit in the password.
+        raise ConfigError(
+            "not a usable database URL: a percent-escape in it is not UTF-8 text"
+            f"{_PERCENT_HINT}"
+        ) from None
     if syntax:
         _check_misread(params, url=scheme is not None)
     for key, allowed in _CHOICES.items():

@@ -146,12 +146,14 @@ class Idle:
 class Want:
     """A worker waits for its next step (`lease` false: for the answer only, it is leaving),
     having finished the task in `finished` (a dispatch.Finished's fields, `duration` long), if
-    any, for the supervisor to record."""
+    any, for the supervisor to record. `park`: it found no step last time; the supervisor
+    keeps the want until a step is ready for it (or it stops), instead of answering none."""
 
     verb: ClassVar[str] = "want"
     lease: bool = True
     duration: float | None = None
     finished: dict[str, Any] | None = None
+    park: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,7 +373,10 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     },
     Idle: {"step_id": _maybe(_is_id), "token": _maybe(_is_uuid)},
     Scanned: {"at": _is_num, "ok": _is_flag, "counts": _is_counts},
-    Want: {"lease": _is_flag, "duration": _maybe(_is_num), "finished": _maybe(_is_finished)},
+    Want: {
+        "lease": _is_flag, "duration": _maybe(_is_num), "finished": _maybe(_is_finished),
+        "park": _is_flag,
+    },
     Given: {
         "recorded": _maybe(_is_flag), "lease": _maybe(_is_object), "since": _maybe(_is_num),
         "own": _is_flag, "taken": _is_flag,

@@ -220,6 +220,9 @@ class Sweep:
     leases_reclaimed: bool = False  # its rows are expired leases reclaimed
     setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
     takes: tuple[str, ...] = ()  # scanner settings passed to it when given, whatever they are
+    # Acts on a time (cyclone_next_due): also run when the scanner wakes for one, between its
+    # passes (migration 22).
+    timely: bool = False
 
     def batch(
         self,
@@ -242,17 +245,18 @@ class Sweep:
 # `runs_failed` and `leases_reclaimed` say which metrics the supervisor feeds with a count
 # (cyclone_scanner_runs_failed_total{reason}, cyclone_lease_expirations_total).
 SWEEPS = (
-    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE),
-    Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE),
+    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE, timely=True),
+    Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE,
+          timely=True),
     Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",)),
-    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT),
-    Sweep("sleeps", sweep_sleeps),
+    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT, timely=True),
+    Sweep("sleeps", sweep_sleeps, timely=True),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
     Sweep("held_steps", sweep_held_steps),
     Sweep("fair_clock", sweep_fair_clock),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
-    Sweep("schedules", sweep_schedules),
+    Sweep("schedules", sweep_schedules, timely=True),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
 )
 

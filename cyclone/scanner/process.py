@@ -1,9 +1,18 @@
-"""The scanner process: run every sweep, pause `scanner.interval`, repeat, until told to stop."""
+"""The scanner process: run every sweep, pause `scanner.interval`, repeat, until told to stop.
+
+Between passes it wakes for timers (migration 22): before it sleeps it writes the next time
+due within its pause (a retry's backoff, a sleep, a max_wait, a deadline, a schedule's tick;
+cyclone_next_due), sleeps until then, and LISTENs on cyclone_timer for a time set earlier
+meanwhile. Woken for a time, it runs the sweeps that act on times (`Sweep.timely`) and wakes a
+supervisor that waits for work (a retry came due), then sleeps again; the full pass still
+runs every interval.
+"""
 
 from __future__ import annotations
 
 import logging
 import random
+import select
 import signal
 import time
 from dataclasses import dataclass
@@ -25,6 +34,7 @@ from cyclone.child.session import connect_briefly
 from cyclone.engine.sweeps import enabled_sweeps
 from cyclone.outage import OutageLog
 from cyclone.scanner.base import Sweeper
+from cyclone.sql import QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +42,11 @@ log = logging.getLogger(__name__)
 START_STAGGER = 1.0
 # Each pause is the interval give or take this share, so scanners on many hosts drift apart.
 INTERVAL_JITTER = 0.1
+# Wakes for timers are at least this far apart: a stream of timers is handled in batches.
+TIMER_GAP = 0.005
+# The furthest ahead a sleep looks: the triggers notify only for times within a minute (0022).
+HORIZON = 60.0
+LISTEN = "LISTEN cyclone_timer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +60,8 @@ class ScannerOptions:
     # The workers' lease_ttl: a lease that lapsed before the server had been up this long
     # lapsed because the database was down, and spends no attempt (sweep_expired_leases).
     lease_ttl: float | None = None
+    # Wake for timers between passes ([supervisor] wake; not through a transaction pooler).
+    wake: bool = False
 
 
 def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
@@ -68,6 +85,8 @@ class Scanner:
         self.sweeps = make_sweeps(options)
         self.stop_requested = False
         self.conn: psycopg.Connection[Any] | None = None
+        self.listening: psycopg.Connection[Any] | None = None  # the session that LISTENs
+        self.notified = False
         self.outage = OutageLog(log, "scanner")
 
     def run(self, fd: int) -> int:
@@ -101,23 +120,94 @@ class Scanner:
         )  # fmt: skip
 
     def loop(self) -> int:
+        timely = False
         while not self.stop_requested:
             check_parent(self.parent)
-            counts, ok = self.scan_once()
+            counts, ok = self.scan_once(timely_only=timely)
             # Every pass is reported, quiet ones too: the supervisor's metrics show the
             # scanner's last pass, and the rows each sweep changed.
-            self.channel.send(channel.Scanned(at=time.time(), ok=ok, counts=counts))
-            jitter = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
-            self.wakeup.wait(self.options.interval * jitter)
+            if not timely or any(counts.values()):
+                self.channel.send(channel.Scanned(at=time.time(), ok=ok, counts=counts))
+            if not timely:
+                jitter = random.uniform(1 - INTERVAL_JITTER, 1 + INTERVAL_JITTER)
+                next_pass = time.monotonic() + self.options.interval * jitter
+            timely = self.sleep(next_pass) if ok else self.pause(next_pass)
         return ExitCode.OK
 
-    def scan_once(self) -> tuple[dict[str, int], bool]:
-        """One pass of every due sweep: rows changed by each, and whether the pass finished."""
+    def pause(self, until: float) -> bool:
+        self.wakeup.wait(until - time.monotonic())
+        return False
+
+    def sleep(self, next_pass: float) -> bool:
+        """Until the next pass, or until a time comes due before it: True for the latter."""
+        if not self.options.wake:
+            return self.pause(next_pass)
+        try:
+            due = self.next_due(next_pass)
+            while not self.stop_requested:
+                now = time.monotonic()
+                if now >= next_pass:
+                    return False
+                if due is not None and now >= due:
+                    return True
+                assert self.listening is not None
+                ready, _, _ = select.select(
+                    [self.wakeup.read_fd, self.listening.fileno()], [], [],
+                    min(next_pass, due or next_pass) - now,
+                )  # fmt: skip
+                if self.wakeup.read_fd in ready:
+                    self.wakeup.wait(0)  # only drain it: the handlers recorded the signal
+                heard = self.listening.fileno() in ready and any(
+                    True for _ in self.listening.notifies(timeout=0)
+                )
+                if heard or self.notified:
+                    due = self.next_due(next_pass)
+        except psycopg.Error as exc:
+            # The pass that follows meets the same outage, and says so; this only stops
+            # waking for timers until then.
+            log.debug("scanner: not waking for timers: %s", exc)
+            self.conn = self.listening = None
+            return self.pause(next_pass)
+        return False
+
+    def next_due(self, next_pass: float) -> float | None:
+        """Write the next time due before `next_pass` (so that an earlier one set meanwhile
+        notifies us); when it is, on the monotonic clock (None: not before the pass)."""
+        conn = self.db()
+        if self.listening is not conn:
+            conn.execute(LISTEN)
+            conn.add_notify_handler(self._on_notify)
+            self.listening = conn
+        self.notified = False
+        horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
+        row = conn.execute(QUERIES["wake_timer"], {"horizon": horizon}).fetchone()
+        wait = row["wait"] if row is not None else None
+        if wait is None or wait >= horizon:
+            return None
+        return time.monotonic() + max(wait, TIMER_GAP)
+
+    def _on_notify(self, notify: psycopg.Notify) -> None:
+        # Notifications that came while a statement ran (psycopg hands them here).
+        self.notified = True
+
+    def scan_once(self, timely_only: bool = False) -> tuple[dict[str, int], bool]:
+        """One pass of every due sweep (only those acting on times, woken for one): rows
+        changed by each, and whether the pass finished."""
         counts: dict[str, int] = {}
         now = time.monotonic()
+        if timely_only:
+            try:
+                # A retry's backoff or a token given ahead may be what came due.
+                self.db().execute(QUERIES["wake_ready"])
+            except psycopg.OperationalError as exc:
+                self.outage.failed(exc)
+                self.conn = None
+                return counts, False
         for sweep in self.sweeps:
             if self.stop_requested:
                 break
+            if timely_only and not sweep.sweep.timely:
+                continue
             if not sweep.due(now):
                 continue
             try:

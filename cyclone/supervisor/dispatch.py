@@ -18,6 +18,14 @@ the supervisor then leases a few steps ahead (`Ready`), as River's producer fetc
 of its workers. A worker that finishes a task gets one of those at once, and the task is
 recorded by the next statement (`Taken`), with those of the others. A lease held ready is
 handed on only while it is young (READY_FOR), and given back when it is not.
+
+A worker that found no step asks again with `park`: its want is kept (`parked`) rather than
+answered with nothing, and sent again when a step is made ready anywhere (a notification on
+cyclone_ready, migration 22), or every poll interval as the fallback. So that notification is
+sent, the dispatcher first says it waits (`wake_arm` sets the flag that the first writer of a
+ready step clears as it notifies), then looks once more (a step made ready between its last
+look and the flag is found by that look), and waits. One statement polls for all the parked
+workers of a VM, where each worker polled on its own before.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from cyclone.engine.dispatch import (
     release_params,
 )
 from cyclone.engine.steps import _LeaseFloor
+from cyclone.sql import QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,8 @@ AHEAD = 4
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
 _OWN = b'given {"own":true}\n'
+_NONE = b'given {"recorded":null}\n'  # no step: the worker is leaving, or the VM drains
+ARM_SQL = QUERIES["wake_arm"]
 _SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
 
 
@@ -172,12 +183,13 @@ class Session:
         self.taken: list[Taken] = []
         self.ahead: list[str] = []  # the names of the leases it takes ahead
         self.releasing: list[Ready] = []  # in flight: steps_release, not steps_dispatch
+        self.arming = False  # in flight: wake_arm
         self.generation = 0  # the arbiter's, as the statement in flight was sent
         self.sent = 0.0
 
     @property
     def busy(self) -> bool:
-        return self.batch is not None or bool(self.releasing)
+        return self.batch is not None or bool(self.releasing) or self.arming
 
     def fileno(self) -> int:
         return self.fd
@@ -195,6 +207,12 @@ class Session:
         params = release_params([(r.row["id"], r.row["lease_token"]) for r in ready])
         self.releasing = ready
         self.pg.send_query_params(RELEASE_SQL.encode(), _values(params, RELEASE_PARAMS))
+        self.flush()
+
+    def send_arm(self) -> None:
+        """Say that this VM waits for ready steps (rare: once per idle spell; unprepared)."""
+        self.arming = True
+        self.pg.send_query_params(ARM_SQL.encode(), [])
         self.flush()
 
     def flush(self) -> None:
@@ -248,8 +266,18 @@ class Dispatcher:
         observe: Callable[[int], None] | None = None,
         caps: Callable[[], Mapping[str, int]] | None = None,
         queue_of: Callable[[str], str] | None = None,
+        poll: float = 1.0,
+        listening: Callable[[], bool] | None = None,
     ) -> None:
         self.dsn = dsn
+        # Parked wants are looked for again this often, notified or not.
+        self.poll = poll
+        # Whether notifications reach this supervisor: without, setting the flag is no use.
+        self.listening = listening or (lambda: False)
+        self.parked: Batch = []
+        self.parked_at = 0.0  # when the parked wants were last looked for
+        self.armed = False  # the flag is set for us, as far as we know (no notification since)
+        self.arm = False  # the parked wait for the flag to be set, then for one more look
         self.workflows = workflows
         # [supervisor] queues' caps: at most so many of this VM's workers hold a step of each
         # capped queue (`capped`); a workflow's queue.
@@ -274,19 +302,57 @@ class Dispatcher:
         self.duration = READY_BELOW  # the average step length workers report: none yet
 
     def next_at(self) -> float | None:
-        """When the `want`s waiting for others must be sent (the loop wakes for it). None
-        while every session has a statement in flight: the first answer wakes the loop (a
-        time already past would have it spin until then)."""
-        if not ((self.pending or self.taken) and self.first_at):
+        """When the `want`s waiting for others must be sent, or the parked looked for again
+        (the loop wakes for it). None while every session has a statement in flight: the
+        first answer wakes the loop (a time already past would have it spin until then)."""
+        times = []
+        if (self.pending or self.taken) and self.first_at:
+            times.append(max(self.first_at + LINGER, self.own_until))
+        if self.parked and not self.arm:
+            times.append(self.parked_at + self.poll)
+        if not times:
             return None
         if len(self.sessions) >= self.size and all(s.busy for s in self.sessions):
             return None
-        return max(self.first_at + LINGER, self.own_until)
+        return min(times)
 
     def want(self, handle: Any, message: channel.Want) -> None:
         if message.duration is not None:
             self.duration += DURATION_WEIGHT * (message.duration - self.duration)
+        if self.parked:
+            # Its worker asks again while parked: it is leaving (see Worker.ask).
+            self.parked = [(h, w) for h, w in self.parked if h is not handle]
+        if not message.lease and message.finished is None:
+            send_line(handle.fd, _NONE)
+            return
         self.pending.append((handle, message))
+
+    def wake(self) -> None:
+        """A step was made ready (cyclone_ready): the flag was cleared as it was notified.
+        The parked are looked for at once."""
+        self.armed = False
+        self.parked_at = 0.0
+
+    def park(self, handle: Any, want: channel.Want) -> None:
+        if not self.parked:
+            self.parked_at = time.monotonic()
+        self.parked.append((handle, want))
+        if not self.armed and self.listening():
+            self.arm = True
+
+    def unpark(self, arbiter: Handles, now: float) -> None:
+        """Answer the parked of a draining VM with nothing; move those due for a look (the
+        poll interval passed, or a notification came) to the wants to send."""
+        if not self.parked:
+            return
+        self.parked = [(h, w) for h, w in self.parked if arbiter.children.get(h.pid) is h]
+        if arbiter.draining:
+            for handle, _ in self.parked:
+                send_line(handle.fd, _NONE)
+            self.parked, self.arm = [], False
+        elif not self.arm and (now >= self.parked_at + self.poll or now < self.own_until):
+            self.pending += self.parked
+            self.parked = []
 
     def close(self) -> None:
         self.give_back(self.ready + self.stale)
@@ -380,6 +446,12 @@ class Dispatcher:
         # perhaps reused by a newer worker's): nothing is sent to it.
         self.pending = [(h, w) for h, w in self.pending if arbiter.children.get(h.pid) is h]
         now = time.monotonic()
+        self.unpark(arbiter, now)
+        if self.arm and (session := self.free_session()) is not None:
+            try:
+                session.send_arm()
+            except psycopg.Error as exc:
+                self.failed(session, exc, arbiter)
         if now < self.own_until:
             batch, self.pending = self.pending, []
             for handle, _ in batch:
@@ -478,6 +550,14 @@ class Dispatcher:
             session.releasing = []
             self.flush(arbiter)
             return
+        if text is not None and session.arming:
+            # Armed: one more look for the parked, in a snapshot taken after the flag was set
+            # (a step made ready before it notified nobody, and is found by this look).
+            session.arming, self.arm, self.armed = False, False, True
+            self.pending += self.parked
+            self.parked = []
+            self.flush(arbiter)
+            return
         if text is None or session.batch is None:
             return
         batch, leasing, sent = session.batch, session.leasing, session.sent
@@ -520,7 +600,8 @@ class Dispatcher:
         # Nothing from the session's place in the index (or only steps of the runs just
         # finished, which the statement skips): the workers left without a step ask again at
         # once, in the next statement, which looks from the start.
-        again = session.floor.taken(result.last()) or len(result.leases) < len(leasing)
+        rescan = session.floor.taken(result.last())
+        again = rescan or len(result.leases) < len(leasing)
         for handle, want in batch:
             recorded = self.carried.pop(handle.pid, None)
             if want.finished is not None:
@@ -539,10 +620,20 @@ class Dispatcher:
                 if recorded is not None:
                     self.carried[handle.pid] = recorded
                 continue
+            elif want.park and not arbiter.draining:
+                if rescan and id(handle) in slot:
+                    self.pending.append((handle, want))  # looked from the start next
+                else:
+                    self.park(handle, want)
+                continue
             send_line(handle.fd, given_line(recorded, row, sent))
 
     def failed(self, session: Session, exc: Exception, arbiter: Handles) -> None:
         batch, session.batch = session.batch or [], None
+        if session.arming:
+            # The flag may not be set: the parked wait for the poll interval instead.
+            session.arming, self.arm = False, False
+            self.parked_at = time.monotonic()
         # Leases being given back expire instead, an attempt spent each.
         session.releasing = []
         # Finished tasks whose workers moved on: tried again with a later statement (their

@@ -1,4 +1,5 @@
-"""The supervisor's few database calls, and the LISTEN connection that wakes it on revocations.
+"""The supervisor's few database calls, and the LISTEN connection that wakes it on revocations
+and on steps made ready while it waits for work (migration 22).
 
 Its calls here (a revocation check when notified, and every poll interval while a worker is
 busy, ten times less often with notifications working; a killed worker's outcome; a deadline
@@ -31,11 +32,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHANNEL = "cyclone_revoked"
+READY_CHANNEL = "cyclone_ready"
 # How long the start-up probe waits for its own notification before settling on polling.
 PROBE_TIMEOUT = 1.0
 # LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
-LISTEN = "LISTEN cyclone_revoked"
-UNLISTEN = "UNLISTEN cyclone_revoked"
+LISTEN = "LISTEN cyclone_revoked; LISTEN cyclone_ready"
+UNLISTEN = "UNLISTEN *"
 # A revocation check runs at most this often on notifications: any session may NOTIFY the
 # channel, and a flood of them made one supervisor run 7,000 checks in 4 s. A notification
 # that arrives sooner is kept and answered when the interval is over, so none is lost.
@@ -54,6 +56,9 @@ class Listener:
         # A notification read and not yet answered by a check, and when the next may be.
         self.pending = False
         self.next_at = 0.0
+        # A step was made ready since the dispatcher last looked (not debounced: one wake-up
+        # answers any number of them, and each is sent only while a supervisor waits).
+        self.ready = False
         self.conn: psycopg.Connection[Any] | None = None
         self.working = False
         self.probed: bool | None = None
@@ -113,9 +118,17 @@ class Listener:
         if self.conn is None:
             return False
         # timeout=0 reads what the socket holds without waiting for more.
-        if any(True for _ in self.conn.notifies(timeout=0, stop_after=NOTIFY_READ)):
-            self.pending = True
+        for note in self.conn.notifies(timeout=0, stop_after=NOTIFY_READ):
+            if note.channel == READY_CHANNEL:
+                self.ready = True
+            else:
+                self.pending = True
         return self.due()
+
+    def take_ready(self) -> bool:
+        """Whether a step was made ready since the last call (then it is taken)."""
+        ready, self.ready = self.ready, False
+        return ready
 
     def due(self) -> bool:
         """Whether a notification kept back is to be answered now (then it is taken)."""

@@ -122,6 +122,8 @@ class ChildBuilder:
             batch_size=self.settings.scanner.batch_size,
             retention=self.settings.scanner.retention,
             lease_ttl=self.settings.worker.lease_ttl,
+            # Not through a transaction pooler: its LISTEN would sit on a borrowed session.
+            wake=self.settings.supervisor.wake and self.settings.database.prepared_statements,
         )
         return Scanner(options, parent=os.getpid()).run
 
@@ -159,6 +161,8 @@ class Supervisor:
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
             unwatch=self.unwatch, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
+            poll=settings.worker.poll_interval,
+            listening=lambda: self.settings.supervisor.wake and self.listener.working,
         )  # fmt: skip
         # Made before any fork, so that every worker shares it (child/lease.py).
         self.board = RenewalBoard()
@@ -278,6 +282,8 @@ class Supervisor:
         if self.listener.due():
             self.arbiter.on_notify()
             tick = True
+        if self.listener.take_ready():
+            self.dispatcher.wake()
         # Workers that wait for their next step wait for this: answered before anything else.
         self.dispatcher.flush(self.arbiter)
         signals, self.pending_signals = self.pending_signals, []
@@ -396,6 +402,7 @@ class Supervisor:
         self.registry = serving(self.loaded, settings)
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
+        self.dispatcher.poll = settings.worker.poll_interval
         self.renewer.lease_ttl = settings.worker.lease_ttl
         log.info("workers will serve: %s", ", ".join(sorted(self.registry)) or "no workflow")
         self.warn_unserved()

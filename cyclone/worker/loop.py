@@ -58,6 +58,9 @@ class WorkerOptions:
 OWN_FOR = 5.0
 # How long a wait for the supervisor's answer lasts before the worker checks it is still there.
 ANSWER_POLL = 1.0
+# The same, parked (waiting for work, for as long as none comes): how soon a stop or retire
+# signal from elsewhere than its supervisor is acted on (the supervisor answers its own first).
+PARKED_POLL = 0.2
 
 
 class Worker:
@@ -205,6 +208,8 @@ class Worker:
                     self.channel.send(channel.Idle())
                     set_title(worker_title(self.options.number))
                     self.idle_reported = True
+                    if self.dispatching():
+                        continue  # asks again at once, parked: answered when work comes
                 self.nudge.wait(self.options.poll_interval)
                 self.nudge.clear()
                 continue
@@ -239,7 +244,10 @@ class Worker:
 
     def lease(self) -> Lease | None:
         if self.dispatching():
-            given = self.ask(b'want {"lease":true}\n')
+            if self.idle_reported:
+                given = self.ask(b'want {"lease":true,"park":true}\n', parked=True)
+            else:
+                given = self.ask(b'want {"lease":true}\n')
             if not given.own:
                 return self.from_given(given)
         self.lease_sent = time.monotonic()
@@ -256,13 +264,21 @@ class Worker:
     def dispatching(self) -> bool:
         return self.options.dispatch and time.monotonic() >= self.own_until
 
-    def ask(self, line: bytes) -> channel.Given:
-        """Send a `want` line (with a `done` report still unsent) and wait for the answer."""
+    def ask(self, line: bytes, parked: bool = False) -> channel.Given:
+        """Send a `want` line (with a `done` report still unsent) and wait for the answer.
+
+        Parked, it may wait for long: a stop or retire signal meanwhile is said with a `want`
+        for no lease, which the supervisor answers at once (the first answer that comes is
+        taken: a lease given before it read that line is given back by the loop)."""
         before, self.unsent = self.unsent, None
         self.channel.send_raw((channel.encode(before) if before else b"") + line)
+        leaving = False
         while True:
+            if parked and not leaving and (self.stop_requested or self.retire_requested):
+                self.channel.send_raw(b'want {"lease":false}\n')
+                leaving = True
             try:
-                message = self.channel.receive(ANSWER_POLL)
+                message = self.channel.receive(PARKED_POLL if parked else ANSWER_POLL)
             except (EOFError, OSError):
                 raise ChildExit(ExitCode.ORPHANED) from None
             if isinstance(message, channel.Given):

@@ -329,11 +329,12 @@ def test_the_rules_are_triggers_and_no_check_constraint_is_left(env: TestEnv):
         " AND tgrelid IN ('cyclone_steps'::regclass, 'cyclone_runs'::regclass) ORDER BY 1"
     ).fetchall()
     assert checks == []
-    # ended: v10; pass_sign, slot_freed, hold, held: v14; finished_now: v15
+    # ended: v10; pass_sign, slot_freed, hold, held: v14; finished_now: v15; wake: v22
     names = ["cyclone_runs_ended", "cyclone_runs_finished_now", "cyclone_runs_pass_sign",
-             "cyclone_runs_rules", "cyclone_runs_slot_freed", "cyclone_steps_held",
-             "cyclone_steps_hold", "cyclone_steps_hold_again", "cyclone_steps_rules",
-             "cyclone_steps_slot_freed"]  # fmt: skip
+             "cyclone_runs_rules", "cyclone_runs_slot_freed", "cyclone_runs_wake",
+             "cyclone_steps_held", "cyclone_steps_hold", "cyclone_steps_hold_again",
+             "cyclone_steps_rules", "cyclone_steps_slot_freed", "cyclone_steps_wake",
+             "cyclone_steps_wake_again"]  # fmt: skip
     assert [t["tgname"] for t in triggers] == names
 
 

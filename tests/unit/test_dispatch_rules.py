@@ -73,7 +73,7 @@ def test_a_finished_task_is_retried_by_taken_tries_statements_then_dropped(caplo
         while d.taken:
             assert sent < 10 * TAKEN_TRIES, "retried without end"
             # The next statement takes it along, and fails (a deadlock, say).
-            session = SimpleNamespace(batch=[], releasing=[], taken=d.taken, ahead=[])
+            session = SimpleNamespace(batch=[], releasing=[], arming=False, taken=d.taken, ahead=[])
             d.taken = []
             sent += 1
             d.failed(session, psycopg.errors.DeadlockDetected("deadlock"), Arbiter())
@@ -87,6 +87,6 @@ def test_a_statement_that_failed_keeps_every_finished_task_with_tries_left() -> 
     last = Taken(held=None, finished={"step_id": 2}, duration=0.0, tries=TAKEN_TRIES - 1)
     later = Taken(held=None, finished={"step_id": 3}, duration=0.0)
     d.taken = [later]  # finished while the statement was in flight
-    session = SimpleNamespace(batch=[], releasing=[], taken=[fresh, last], ahead=[])
+    session = SimpleNamespace(batch=[], releasing=[], arming=False, taken=[fresh, last], ahead=[])
     d.failed(session, psycopg.errors.DeadlockDetected("deadlock"), Arbiter())
     assert d.taken == [fresh, later] and fresh.tries == 1
