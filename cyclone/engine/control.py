@@ -72,6 +72,9 @@ def resume_run(conn: Conn, run_id: str, *, now: datetime | None = None) -> bool:
             # A run paused while it waited for a slot goes back to the queue: a slot may
             # have freed meanwhile.
             conn.execute(QUERIES["run_admit"], {"run_id": _uuid(run_id), "now": now})
+            # Its ready steps were there all along, unchanged: no trigger tells a supervisor
+            # waiting for work that they can be leased again.
+            conn.execute(QUERIES["wake_ready"])
         return resumed
 
 

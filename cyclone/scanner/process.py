@@ -86,7 +86,7 @@ class Scanner:
         self.stop_requested = False
         self.conn: psycopg.Connection[Any] | None = None
         self.listening: psycopg.Connection[Any] | None = None  # the session that LISTENs
-        self.notified = False
+        self.since: Any = None  # the database's time as the last pass began
         self.outage = OutageLog(log, "scanner")
 
     def run(self, fd: int) -> int:
@@ -145,6 +145,8 @@ class Scanner:
         try:
             due = self.next_due(next_pass)
             while not self.stop_requested:
+                if self.heard():  # what came in while a statement ran, or since
+                    due = self.next_due(next_pass)
                 now = time.monotonic()
                 if now >= next_pass:
                     return False
@@ -157,11 +159,6 @@ class Scanner:
                 )  # fmt: skip
                 if self.wakeup.read_fd in ready:
                     self.wakeup.wait(0)  # only drain it: the handlers recorded the signal
-                heard = self.listening.fileno() in ready and any(
-                    True for _ in self.listening.notifies(timeout=0)
-                )
-                if heard or self.notified:
-                    due = self.next_due(next_pass)
         except psycopg.Error as exc:
             # The pass that follows meets the same outage, and says so; this only stops
             # waking for timers until then.
@@ -176,29 +173,33 @@ class Scanner:
         conn = self.db()
         if self.listening is not conn:
             conn.execute(LISTEN)
-            conn.add_notify_handler(self._on_notify)
             self.listening = conn
-        self.notified = False
         horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
-        row = conn.execute(QUERIES["wake_timer"], {"horizon": horizon}).fetchone()
+        row = conn.execute(
+            QUERIES["wake_timer"], {"horizon": horizon, "since": self.since}
+        ).fetchone()
         wait = row["wait"] if row is not None else None
         if wait is None or wait >= horizon:
             return None
         return time.monotonic() + max(wait, TIMER_GAP)
 
-    def _on_notify(self, notify: psycopg.Notify) -> None:
-        # Notifications that came while a statement ran (psycopg hands them here).
-        self.notified = True
+    def heard(self) -> bool:
+        """Whether a timer was set earlier than we meant to wake (psycopg keeps what came in
+        while a statement ran for the next call; timeout=0 waits for nothing more)."""
+        assert self.listening is not None
+        return any(True for _ in self.listening.notifies(timeout=0, stop_after=1000))
 
     def scan_once(self, timely_only: bool = False) -> tuple[dict[str, int], bool]:
         """One pass of every due sweep (only those acting on times, woken for one): rows
         changed by each, and whether the pass finished."""
         counts: dict[str, int] = {}
         now = time.monotonic()
-        if timely_only:
+        if self.options.wake:
             try:
-                # A retry's backoff or a token given ahead may be what came due.
-                self.db().execute(QUERIES["wake_ready"])
+                # Woken for a time: a retry's backoff or a token given ahead may be what
+                # came due. Either way, the time this pass began (see cyclone_next_due).
+                query = QUERIES["wake_ready" if timely_only else "clock_now"]
+                self.since = self.db().execute(query).fetchone()["now"]
             except psycopg.OperationalError as exc:
                 self.outage.failed(exc)
                 self.conn = None

@@ -972,9 +972,47 @@ CREATE TABLE cyclone_wake (
 );
 INSERT INTO cyclone_wake DEFAULT VALUES;
 
+-- The lock between readers of the flag (shared) and its setters (exclusive), per schema: a
+-- database may hold several Cyclones. `what` is 'ready' or 'timer'.
+CREATE FUNCTION cyclone_wake_lock(what text, exclusive boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF exclusive THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('cyclone_wake:' || what || ':'
+                                                       || current_schema(), 0));
+    ELSE
+        PERFORM pg_advisory_xact_lock_shared(hashtextextended('cyclone_wake:' || what || ':'
+                                                              || current_schema(), 0));
+    END IF;
+END
+$$;
+
+-- A supervisor waits for ready steps: once every commit that read the flag unset is over.
+CREATE FUNCTION cyclone_wake_arm() RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM cyclone_wake_lock('ready', true);
+    UPDATE cyclone_wake SET wanted = true WHERE NOT wanted;
+    RETURN 'armed';
+END
+$$;
+
+-- The scanner sleeps until the next time due (cyclone_next_due), read once every commit that
+-- read the old `timer_at` is over; returns how long that is from now, in seconds.
+CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz) RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE
+    at timestamptz;
+BEGIN
+    PERFORM cyclone_wake_lock('timer', true);
+    UPDATE cyclone_wake SET timer_at = cyclone_next_due(horizon, since) RETURNING timer_at INTO at;
+    RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
+END
+$$;
+
 -- Wake a waiting supervisor, if one waits (the scanner calls it too, as a retry comes due).
 CREATE FUNCTION cyclone_wake_ready() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM cyclone_wake_lock('ready', false);
     IF (SELECT wanted FROM cyclone_wake) THEN
         UPDATE cyclone_wake SET wanted = false
          WHERE one IN (SELECT one FROM cyclone_wake WHERE wanted FOR UPDATE SKIP LOCKED);
@@ -986,6 +1024,7 @@ $$;
 -- Wake the scanner for `at`, if it sleeps past it.
 CREATE FUNCTION cyclone_wake_timer(at timestamptz) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM cyclone_wake_lock('timer', false);
     IF at < (SELECT timer_at FROM cyclone_wake) THEN
         UPDATE cyclone_wake SET timer_at = at
          WHERE one IN (SELECT one FROM cyclone_wake WHERE timer_at > at
@@ -1034,23 +1073,27 @@ CREATE CONSTRAINT TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_a
     WHEN (NEW.deadline_at < now() + interval '1 minute')
     EXECUTE FUNCTION cyclone_runs_wake();
 
--- The earliest time after now, within `horizon` seconds, at which something comes due that the
--- scanner or a lease acts on: a step's retry or token, a sleep or max_wait, a live run's
--- deadline, a schedule's tick. Each is the first entry of an index past now (NULL: nothing that
--- soon). Only later times: what is due already was the pass's to handle, and what it left (a
--- paused run's sleep, a row another scanner held) must not have the scanner wake at once again.
-CREATE FUNCTION cyclone_next_due(horizon float8) RETURNS timestamptz
+-- The earliest time after `since`, within `horizon` seconds of now, at which something comes
+-- due that the scanner or a lease acts on: a step's retry or token, a sleep or max_wait, a live
+-- run's deadline, a schedule's tick. Each is the first entry of an index past `since` (NULL:
+-- nothing that soon). `since` is when the scanner's last pass began: what came due before was
+-- that pass's to handle, and what it left (a paused run's sleep, a row another scanner held)
+-- must not have the scanner wake again at once; what came due during the pass is due now.
+CREATE FUNCTION cyclone_next_due(horizon float8, since timestamptz) RETURNS timestamptz
 LANGUAGE sql STABLE AS $$
+    WITH t AS (SELECT coalesce(since, now()) AS since)
     SELECT least(
         (SELECT min(available_at) FROM cyclone_steps
-          WHERE state = 'available' AND available_at > now()),
+          WHERE state = 'available' AND available_at > (SELECT since FROM t)),
         (SELECT min(due_at) FROM cyclone_steps
-          WHERE state = 'waiting' AND due_at IS NOT NULL AND due_at > now()),
+          WHERE state = 'waiting' AND due_at IS NOT NULL AND due_at > (SELECT since FROM t)),
         (SELECT min(deadline_at) FROM cyclone_runs
-          WHERE state = 'running' AND deadline_at > now()),
+          WHERE state = 'running' AND deadline_at > (SELECT since FROM t)),
         (SELECT min(deadline_at) FROM cyclone_runs
-          WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL AND deadline_at > now()),
-        (SELECT min(due_at) FROM cyclone_schedules WHERE NOT paused AND due_at > now()),
+          WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL
+            AND deadline_at > (SELECT since FROM t)),
+        (SELECT min(due_at) FROM cyclone_schedules
+          WHERE NOT paused AND due_at > (SELECT since FROM t)),
         now() + make_interval(secs => horizon))
 $$;
 

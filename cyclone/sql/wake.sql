@@ -4,17 +4,15 @@
 -- name: wake_arm
 -- A supervisor waits for ready steps: the next writer of one notifies cyclone_ready (and
 -- clears the flag). One row, always (the dispatcher's session reads a result).
-WITH armed AS (
-    UPDATE cyclone_wake SET wanted = true WHERE NOT wanted RETURNING 1
-)
-SELECT count(*)::text AS armed FROM armed;
+SELECT cyclone_wake_arm() AS armed;
 
 -- name: wake_ready
--- A retry's backoff or a token given ahead came due: wake a waiting supervisor, if any.
-SELECT cyclone_wake_ready();
+-- A retry's backoff or a token given ahead came due: wake a waiting supervisor, if any. The
+-- time is when the scanner's pass that follows began (see cyclone_next_due).
+SELECT cyclone_wake_ready(), now() AS now;
 
 -- name: wake_timer
--- The scanner is about to sleep: until the next time due within %(horizon)s seconds (which it
--- writes, so that a timer set earlier meanwhile notifies it); returns how long that is.
-UPDATE cyclone_wake SET timer_at = cyclone_next_due(%(horizon)s)
-RETURNING greatest(extract(epoch FROM timer_at - now()), 0)::float8 AS wait;
+-- The scanner is about to sleep: until the next time due after %(since)s, when its last pass
+-- began, within %(horizon)s seconds (which it writes, so that a timer set earlier meanwhile
+-- notifies it); returns how long that is (0: due already).
+SELECT cyclone_wake_timer_set(%(horizon)s, %(since)s) AS wait;

@@ -220,6 +220,10 @@ class DatabaseStore:
     def release_step(self, step_id: int, token: str) -> bool:
         return self._call(lambda conn: engine.release_step(conn, step_id, token))
 
+    def arm_wake(self) -> None:
+        """Say that this VM waits for ready steps (migration 22): the next notifies."""
+        self._call(lambda conn: conn.execute(QUERIES["wake_arm"]))
+
     def close(self) -> None:
         self.session.close()
 

@@ -32,6 +32,7 @@ from cyclone.notify import Notifier
 from cyclone.outage import OutageLog
 from cyclone.scanner import Scanner, ScannerOptions
 from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
+from cyclone.supervisor.children import Role
 from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
@@ -59,6 +60,9 @@ COALESCE = 0.005
 
 # A broken LISTEN connection is re-opened at most this often; polling covers the gap.
 LISTEN_RETRY = 5.0
+# Without dispatch: how long idle workers nudged awake get to find a step before the flag is
+# set for them again (each nudge costs each a lease statement).
+OWN_SETTLE = 0.02
 # The database gauges of /metrics are read inside the loop: their query gets less time than
 # the supervisor's writes do.
 METRICS_STATEMENT_TIMEOUT_MS = 1000
@@ -147,6 +151,10 @@ class Supervisor:
         self.pending_signals: list[int] = []
         self.last_tick = 0.0
         self.coalesce_until = 0.0
+        # Without dispatch, the workers lease on their own: whether the flag is set for them,
+        # and when they were last nudged (see arm_own).
+        self.own_armed = False
+        self.nudged_at = 0.0
         self.selector = selectors.DefaultSelector()
         self.listener = Listener(dsn)
         self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
@@ -197,7 +205,7 @@ class Supervisor:
         ops = OsProcessOps()
         ops.private_fds = self.install_signals()
         ops.adopt_orphans()  # a handler's daemon dies with its worker (child/reaper.py)
-        store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
+        store = self.store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
             factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
@@ -257,8 +265,10 @@ class Supervisor:
         kept = self.listener.wake_at()  # a notification kept back by the debounce
         if kept is not None:
             wake = min(wake, kept)
+        if self.arm_due():
+            wake = min(wake, self.nudged_at + OWN_SETTLE)
         if self.coalesce_until > now:
-            time.sleep(min(self.coalesce_until, wake) - now)
+            time.sleep(max(0.0, min(self.coalesce_until, wake) - now))
             now = time.monotonic()
         tick = False
         for key, _ in self.selector.select(max(0.0, wake - now)):
@@ -284,6 +294,10 @@ class Supervisor:
             tick = True
         if self.listener.take_ready():
             self.dispatcher.wake()
+            self.own_armed = False
+            self.nudge_idle()
+        elif not dispatching(self.settings):
+            self.arm_own()
         # Workers that wait for their next step wait for this: answered before anything else.
         self.dispatcher.flush(self.arbiter)
         signals, self.pending_signals = self.pending_signals, []
@@ -368,6 +382,47 @@ class Supervisor:
             if self.listener.conn is not None:  # None: notifications never arrived, polling
                 self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
         self.arbiter.set_notifications(working)
+
+    def idle_workers(self) -> list[Any]:
+        return [
+            h for h in self.arbiter.children.values()
+            if h.role is Role.WORKER and h.booted and h.lease is None and h.kill is None
+            and not h.retiring and not h.eof
+        ]  # fmt: skip
+
+    def nudge_idle(self) -> None:
+        """Without dispatch: wake the idle workers, which lease on their own. SIGCONT: their
+        keeper thread sees every signal and wakes the idle main thread; a worker holding no
+        lease does nothing else on it (one that just took one, unknown to us yet, neither)."""
+        if dispatching(self.settings):
+            return
+        self.nudged_at = time.monotonic()
+        for handle in self.idle_workers():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signal.SIGCONT)
+
+    def arm_due(self) -> bool:
+        """Without dispatch: whether the flag is to be set for idle workers (see arm_own)."""
+        return (
+            not dispatching(self.settings) and not self.own_armed
+            and self.settings.supervisor.wake and self.listener.working
+            and bool(self.idle_workers())
+        )  # fmt: skip
+
+    def arm_own(self) -> None:
+        """Without dispatch: once idle workers stayed idle a moment after a nudge, set the flag,
+        then nudge them once more (a step made ready before the flag was set notified nobody:
+        that look finds it)."""
+        if not self.arm_due() or time.monotonic() - self.nudged_at < OWN_SETTLE:
+            return
+        try:
+            self.store.arm_wake()
+        except psycopg.Error as exc:
+            log.debug("cannot set the wake flag: %s", exc)
+            self.nudged_at = time.monotonic()  # tried again after OWN_SETTLE
+            return
+        self.own_armed = True
+        self.nudge_idle()
 
     def read_listener(self) -> bool:
         """Whether the tick has work: a revocation check due, or notifications lost."""

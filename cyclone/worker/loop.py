@@ -202,6 +202,9 @@ class Worker:
                 self.give_back(lease)
                 return ExitCode.OK
             if lease is None:
+                # Cleared before the look, not after the wait: a nudge that comes while it
+                # looks makes the wait below return at once (after it, it would be lost).
+                self.nudge.clear()
                 lease = self.lease()
             if lease is None:
                 if not self.idle_reported:
@@ -211,7 +214,6 @@ class Worker:
                     if self.dispatching():
                         continue  # asks again at once, parked: answered when work comes
                 self.nudge.wait(self.options.poll_interval)
-                self.nudge.clear()
                 continue
             self.idle_reported = False
             lease = self.run_step(lease)
