@@ -1080,21 +1080,26 @@ CREATE CONSTRAINT TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_a
 -- that pass's to handle, and what it left (a paused run's sleep, a row another scanner held)
 -- must not have the scanner wake again at once; what came due during the pass is due now.
 CREATE FUNCTION cyclone_next_due(horizon float8, since timestamptz) RETURNS timestamptz
-LANGUAGE sql STABLE AS $$
-    WITH t AS (SELECT coalesce(since, now()) AS since)
-    SELECT least(
-        (SELECT min(available_at) FROM cyclone_steps
-          WHERE state = 'available' AND available_at > (SELECT since FROM t)),
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    after timestamptz := coalesce(since, now());
+BEGIN
+    -- PL/pgSQL, not SQL: the scanner calls it at every sleep, and its plans are kept for
+    -- the session instead of made anew at each call.
+    RETURN least(
+        -- In cyclone_steps_available_idx's order: a generic plan of min() walked the whole
+        -- cyclone_steps_ready_idx instead (its last column is available_at too).
+        (SELECT available_at FROM cyclone_steps
+          WHERE state = 'available' AND available_at > after ORDER BY available_at, id LIMIT 1),
         (SELECT min(due_at) FROM cyclone_steps
-          WHERE state = 'waiting' AND due_at IS NOT NULL AND due_at > (SELECT since FROM t)),
+          WHERE state = 'waiting' AND due_at IS NOT NULL AND due_at > after),
         (SELECT min(deadline_at) FROM cyclone_runs
-          WHERE state = 'running' AND deadline_at > (SELECT since FROM t)),
+          WHERE state = 'running' AND deadline_at > after),
         (SELECT min(deadline_at) FROM cyclone_runs
-          WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL
-            AND deadline_at > (SELECT since FROM t)),
-        (SELECT min(due_at) FROM cyclone_schedules
-          WHERE NOT paused AND due_at > (SELECT since FROM t)),
-        now() + make_interval(secs => horizon))
+          WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL AND deadline_at > after),
+        (SELECT min(due_at) FROM cyclone_schedules WHERE NOT paused AND due_at > after),
+        now() + make_interval(secs => horizon));
+END
 $$;
 
 ------------------------------------------------------------------------------------------------
