@@ -46,6 +46,8 @@ from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, NoReturn
 
+from cyclone import codec
+
 # A longer line from a worker is garbage (or an attack on the supervisor's memory): it is
 # dropped. A finished step whose output would make a longer `want` line is recorded by its
 # worker instead.
@@ -285,7 +287,7 @@ def decode(line: bytes) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown verb {verb!r}")
     try:
-        data = _DECODER.decode(body) if body else {}
+        data = codec.loads(body) if body else {}
         if not isinstance(data, dict):
             raise ProtocolError(f"bad {verb} message: not a JSON object")
         names = _names(cls)

@@ -10,7 +10,6 @@ same transaction, and a lease is taken from the same candidate scan.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import psycopg
 
+from cyclone import codec
 from cyclone.db import check_json, encode_json, loads_flat, retrying, step_cursor, text_array
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.steps import (
@@ -71,7 +71,7 @@ def finished_of(conn: Conn, lease: Lease, output: Any) -> Finished | None:
     """The completion `dispatch` can record for this lease, or None when the step needs the
     general path (joins, map items, waits that may take a kept signal, child runs)."""
     text = finished_json(conn, lease, encode_json(output, f"output of {lease.node}"))
-    return None if text is None else Finished(**json.loads(text))
+    return None if text is None else Finished(**codec.loads(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class Dispatched:
     @classmethod
     def parse(cls, text: str) -> Dispatched:
         """From the statement's one JSON value."""
-        found = json.loads(text)
+        found = codec.loads(text)
         leases = {row["worker"] - 1: row for row in found["leases"]}
         return cls(frozenset(found["completed"]), leases)
 
@@ -153,7 +153,7 @@ def dispatch_params(
         for f in finished
     ]  # fmt: skip
     return {
-        "done": json.dumps(rows, separators=(",", ":")),
+        "done": codec.dumps(rows),
         "step_ids": "{" + ",".join(str(f.step_id) for f in finished) + "}",
         "last_runs": "{" + ",".join(f.run_id for f in finished if f.last) + "}",
         "want": str(len(workers)),

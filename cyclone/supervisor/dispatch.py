@@ -30,7 +30,6 @@ workers of a VM, where each worker polled on its own before.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import select
@@ -44,6 +43,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg import pq
 
+from cyclone import codec
 from cyclone.child import channel
 from cyclone.child.session import connect_briefly
 from cyclone.db import prepare_threshold, with_options
@@ -397,7 +397,7 @@ class Dispatcher:
                 if not self.first_at:
                     self.first_at = now
             body = {"taken": True, "since": ready.sent, "lease": ready.row}
-            send_line(handle.fd, f"given {json.dumps(body, separators=(',', ':'))}\n".encode())
+            send_line(handle.fd, f"given {codec.dumps(body)}\n".encode())
         self.pending = waiting
 
     def take_ready(self, name: str) -> Ready:
@@ -693,7 +693,7 @@ def given_line(recorded: bool | None, row: dict[str, Any] | None, sent: float) -
     body: dict[str, Any] = {"recorded": recorded, "since": sent}
     if row is not None:
         body["lease"] = row
-    return f"given {json.dumps(body, separators=(',', ':'))}\n".encode()
+    return f"given {codec.dumps(body)}\n".encode()
 
 
 def send_line(fd: int, data: bytes, timeout: float = SEND_TIMEOUT) -> bool:

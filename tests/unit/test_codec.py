@@ -1,0 +1,38 @@
+"""cyclone.codec reads and writes what the json module does, orjson or not (issue 23, item 5)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cyclone import codec
+
+# JSON values as the lines carry them, with integers past 64 bits and text past ASCII.
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**80), 2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)  # fmt: skip
+
+
+@given(value=values)
+def test_what_it_writes_json_reads_back_and_what_json_writes_it_reads(value: object) -> None:
+    assert json.loads(codec.dumps(value)) == value
+    assert codec.loads(json.dumps(value)) == value
+    assert codec.loads(json.dumps(value).encode()) == value
+
+
+def test_it_reads_what_only_the_json_module_takes() -> None:
+    assert math.isnan(codec.loads('{"x": NaN}')["x"])
+    assert codec.loads(str(2**70)) == 2**70
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a": }', "[1,]", "nul"])
+def test_malformed_text_raises_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        codec.loads(text)
