@@ -187,6 +187,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("database", "url", STR, None, DSN,
             "PostgreSQL URL. Leave unset to start the embedded PostgreSQL (one-VM demos only). "
             f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
+    Setting("database", "listen_url", STR, None, DSN,
+            "A URL straight to PostgreSQL for LISTEN alone, when url goes through a "
+            "transaction-mode pooler (which cannot deliver notifications): cancels, ready "
+            "steps and timers then wake at once instead of at the next poll. Unset: url."),
     Setting("database", "migrate", BOOL, True, None,
             "Apply pending schema migrations at start-up (under an advisory lock)."),
     Setting("database", "embedded_dir", STR, None, None,
@@ -274,14 +278,16 @@ def _default(section: str, key: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
     url: str | None = _default("database", "url")
+    listen_url: str | None = _default("database", "listen_url")
     migrate: bool = _default("database", "migrate")
     embedded_dir: str | None = _default("database", "embedded_dir")
     prepared_statements: bool = _default("database", "prepared_statements")
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
+        listen = None if self.listen_url is None else redact_dsn(self.listen_url)
         return (
-            f"DatabaseConfig(url={url!r}, migrate={self.migrate!r}, "
+            f"DatabaseConfig(url={url!r}, listen_url={listen!r}, migrate={self.migrate!r}, "
             f"embedded_dir={self.embedded_dir!r}, "
             f"prepared_statements={self.prepared_statements!r})"
         )
@@ -507,6 +513,7 @@ _EXAMPLE_HEADER = f"""\
 # What the example shows, commented out, for the settings that are unset by default.
 _EXAMPLES = {
     "url": EXAMPLE_DATABASE_URL,
+    "listen_url": "postgresql://cyclone@db-primary.internal:5432/cyclone",
     "embedded_dir": "/var/lib/cyclone/pgdata",
     "max_memory": "2G",
 }

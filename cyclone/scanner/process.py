@@ -62,6 +62,8 @@ class ScannerOptions:
     lease_ttl: float | None = None
     # Wake for timers between passes ([supervisor] wake; not through a transaction pooler).
     wake: bool = False
+    # Where to LISTEN when not on the sweeps' session ([database] listen_url).
+    listen_dsn: str | None = None
 
 
 def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
@@ -163,6 +165,8 @@ class Scanner:
             # The pass that follows meets the same outage, and says so; this only stops
             # waking for timers until then.
             log.debug("scanner: not waking for timers: %s", exc)
+            if self.listening is not None and self.listening is not self.conn:
+                self.listening.close()
             self.conn = self.listening = None
             return self.pause(next_pass)
         return False
@@ -171,9 +175,12 @@ class Scanner:
         """Write the next time due before `next_pass` (so that an earlier one set meanwhile
         notifies us); when it is, on the monotonic clock (None: not before the pass)."""
         conn = self.db()
-        if self.listening is not conn:
-            conn.execute(LISTEN)
-            self.listening = conn
+        if self.listening is None or self.listening.closed or self.listening.broken:
+            self.listening = conn if self.options.listen_dsn is None else self.listen_session()
+            self.listening.execute(LISTEN)
+        elif self.options.listen_dsn is None and self.listening is not conn:
+            self.listening = conn  # the sweeps' session was opened anew
+            self.listening.execute(LISTEN)
         horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
         row = conn.execute(
             QUERIES["wake_timer"], {"horizon": horizon, "since": self.since}
@@ -182,6 +189,13 @@ class Scanner:
         if wait is None or wait >= horizon:
             return None
         return time.monotonic() + max(wait, TIMER_GAP)
+
+    def listen_session(self) -> psycopg.Connection[Any]:
+        assert self.options.listen_dsn is not None
+        return connect_briefly(
+            self.options.listen_dsn, int(self.options.statement_timeout * 1000),
+            name="cyclone-scanner-listen", connect_timeout=CONNECT_TIMEOUT,
+        )  # fmt: skip
 
     def heard(self) -> bool:
         """Whether a timer was set earlier than we meant to wake (psycopg keeps what came in

@@ -127,7 +127,11 @@ class ChildBuilder:
             retention=self.settings.scanner.retention,
             lease_ttl=self.settings.worker.lease_ttl,
             # Not through a transaction pooler: its LISTEN would sit on a borrowed session.
-            wake=self.settings.supervisor.wake and self.settings.database.prepared_statements,
+            wake=self.settings.supervisor.wake and (
+                self.settings.database.prepared_statements
+                or self.settings.database.listen_url is not None
+            ),
+            listen_dsn=self.settings.database.listen_url,
         )
         return Scanner(options, parent=os.getpid()).run
 
@@ -156,7 +160,8 @@ class Supervisor:
         self.own_armed = False
         self.nudged_at = 0.0
         self.selector = selectors.DefaultSelector()
-        self.listener = Listener(dsn)
+        # Notifications need a session of their own on the server itself, not a pooler's.
+        self.listener = Listener(settings.database.listen_url or dsn)
         self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
         self.next_listen_at = 0.0
         self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))

@@ -199,3 +199,22 @@ def test_flow_control_holds_through_pgbouncer_in_transaction_mode(
     for key in ("k0", "k1"):
         assert most_at_once([s for s in keyed_spans if s[2] == key]) == 1, key
     assert most_at_once(spans(tmp_path, flow_narrow.name)) == 1
+
+
+def test_through_the_pooler_a_direct_listen_url_wakes_workers_and_timers(
+    env: TestEnv, supervisor, pooler: PgBouncer
+) -> None:
+    """`[database] listen_url` straight to PostgreSQL: with the poll and the scanner's pass a
+    minute apart, a submitted run and a sleep's end through the pooler are acted on at once
+    (issue 23: only a notification explains it)."""
+    import proc_wake_flows as flows
+
+    supervisor(
+        workers=2, dsn=pooler.dsn(), database__prepared_statements="false",
+        database__listen_url=json.dumps(env.dsn), workflows__modules='["proc_wake_flows"]',
+        worker__poll_interval='"60s"', scanner__interval='"60s"',
+    )  # fmt: skip
+    with Client(pooler.dsn(), prepared_statements=False) as client:
+        client.wait(client.submit(flows.one, 0), timeout=15)  # the workers' first look is over
+        assert client.result(client.submit(flows.one, 1), timeout=15) == {"t": 1}
+        assert client.result(client.submit(flows.slept, 2), timeout=15) == {"after": 2}
