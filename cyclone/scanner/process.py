@@ -47,6 +47,8 @@ TIMER_GAP = 0.005
 # The furthest ahead a sleep looks: the triggers notify only for times within a minute (0022).
 HORIZON = 60.0
 LISTEN = "LISTEN cyclone_timer"
+# The longest a look ahead waits for transactions in progress to end (see next_due).
+SETTLE_MOST = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +184,12 @@ class Scanner:
             self.listening = conn  # the sweeps' session was opened anew
             self.listening.execute(LISTEN)
         horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
-        row = conn.execute(
-            QUERIES["wake_timer"], {"horizon": horizon, "since": self.since}
-        ).fetchone()
+        params = {"horizon": horizon, "since": self.since}
+        conn.execute(QUERIES["wake_timer"], params)
+        # A time set before that write, by a transaction still in progress, notified nobody:
+        # once those have ended, the next look sees it.
+        conn.execute(QUERIES["wake_settle"], {"most": SETTLE_MOST})
+        row = conn.execute(QUERIES["wake_timer"], params).fetchone()
         wait = row["wait"] if row is not None else None
         if wait is None or wait >= horizon:
             return None

@@ -3,8 +3,13 @@
 
 -- name: wake_arm
 -- A supervisor waits for ready steps: the next writer of one notifies cyclone_ready (and
--- clears the flag). One row, always (the dispatcher's session reads a result).
+-- clears the flag). Run alone (committed), then wake_settle, then the supervisor looks again.
 SELECT cyclone_wake_arm() AS armed;
+
+-- name: wake_settle
+-- Wait (at most %(most)s seconds) for the transactions in progress to end: those that read the
+-- flag or `timer_at` before it was set have committed once this returns.
+SELECT cyclone_wake_settle(%(most)s) AS settled;
 
 -- name: wake_ready
 -- A retry's backoff or a token given ahead came due: wake a waiting supervisor, if any. The

@@ -104,7 +104,12 @@ AHEAD = 4
 TAKEN_TRIES = 3
 _OWN = b'given {"own":true}\n'
 _NONE = b'given {"recorded":null}\n'  # no step: the worker is leaving, or the VM drains
-ARM_SQL = QUERIES["wake_arm"]
+# Set the flag in a transaction of its own, then wait for those in progress (see wake.sql):
+# one simple query, so the loop waits for one answer.
+ARM_SQL = "BEGIN; {}; COMMIT; {}".format(
+    QUERIES["wake_arm"].rstrip().rstrip(";"),
+    QUERIES["wake_settle"].replace("%(most)s", "0.2"),
+)
 _SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
 
 
@@ -212,7 +217,7 @@ class Session:
     def send_arm(self) -> None:
         """Say that this VM waits for ready steps (rare: once per idle spell; unprepared)."""
         self.arming = True
-        self.pg.send_query_params(ARM_SQL.encode(), [])
+        self.pg.send_query(ARM_SQL.encode())
         self.flush()
 
     def flush(self) -> None:

@@ -33,6 +33,8 @@ T = TypeVar("T")
 
 CHANNEL = "cyclone_revoked"
 READY_CHANNEL = "cyclone_ready"
+# The longest a supervisor setting the wake flag waits for transactions in progress to end.
+SETTLE_MOST = 0.2
 # How long the start-up probe waits for its own notification before settling on polling.
 PROBE_TIMEOUT = 1.0
 # LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
@@ -222,7 +224,11 @@ class DatabaseStore:
 
     def arm_wake(self) -> None:
         """Say that this VM waits for ready steps (migration 22): the next notifies."""
-        self._call(lambda conn: conn.execute(QUERIES["wake_arm"]))
+        def arm(conn: psycopg.Connection[Any]) -> None:
+            conn.execute(QUERIES["wake_arm"])  # autocommit: committed before the settle
+            conn.execute(QUERIES["wake_settle"], {"most": SETTLE_MOST})
+
+        self._call(arm)
 
     def close(self) -> None:
         self.session.close()

@@ -329,6 +329,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     },
     # Waking (migration 22): the flag, and the scanner's look ahead at the next time due.
     "wake_arm": lambda b: {},
+    "wake_settle": lambda b: {"most": 0.0},
     "wake_ready": lambda b: {},
     "wake_timer": lambda b: {"horizon": 60.0, "since": None},
 }

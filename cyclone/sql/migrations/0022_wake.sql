@@ -18,11 +18,11 @@
 -- made ready nor timed, and a run whose deadline is over a minute away, pay nothing.
 --
 -- A supervisor that sets the flag then looks once more must see every step of a transaction
--- that read the flag unset; the scanner that writes `timer_at` likewise. So the triggers are
--- deferred to the commit, and each takes a shared lock (cyclone_wake_lock) that it holds until
--- its commit is over; setting the flag or `timer_at` takes it exclusively first, and so waits
--- for every commit that may have read the old value. An advisory lock: no row is locked, and
--- shared holders do not wait for each other.
+-- that read the flag unset; the scanner that writes `timer_at` likewise. So after setting it,
+-- it waits for the transactions in progress then to end (cyclone_wake_settle), and only then
+-- looks: one that read the old value before the flag was set has committed (or rolled back) by
+-- then, and one that reads it later sees it set. The triggers themselves take no lock and read
+-- one row: that is all a ready step costs while no supervisor waits.
 
 CREATE TABLE cyclone_wake (
     one      boolean PRIMARY KEY DEFAULT true CHECK (one),
@@ -31,38 +31,41 @@ CREATE TABLE cyclone_wake (
 );
 INSERT INTO cyclone_wake DEFAULT VALUES;
 
--- The lock between readers of the flag (shared) and its setters (exclusive), per schema: a
--- database may hold several Cyclones. `what` is 'ready' or 'timer'.
-CREATE FUNCTION cyclone_wake_lock(what text, exclusive boolean) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF exclusive THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('cyclone_wake:' || what || ':'
-                                                       || current_schema(), 0));
-    ELSE
-        PERFORM pg_advisory_xact_lock_shared(hashtextextended('cyclone_wake:' || what || ':'
-                                                              || current_schema(), 0));
-    END IF;
-END
-$$;
-
--- A supervisor waits for ready steps: once every commit that read the flag unset is over.
-CREATE FUNCTION cyclone_wake_arm() RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM cyclone_wake_lock('ready', true);
+-- A supervisor waits for ready steps (then it calls cyclone_wake_settle, and looks once more).
+CREATE FUNCTION cyclone_wake_arm() RETURNS text LANGUAGE sql AS $$
     UPDATE cyclone_wake SET wanted = true WHERE NOT wanted;
-    RETURN 'armed';
+    SELECT 'armed';
+$$;
+
+-- Wait until every transaction in progress now has ended, at most `most` seconds: one that
+-- read the flag (or `timer_at`) before it was set commits first. Returns whether all did.
+CREATE FUNCTION cyclone_wake_settle(most float8) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    busy xid8[] := ARRAY(SELECT pg_snapshot_xip(pg_current_snapshot()));
+    until timestamptz := clock_timestamp() + make_interval(secs => most);
+BEGIN
+    LOOP
+        busy := ARRAY(SELECT x FROM unnest(busy) AS x
+                       WHERE x <> pg_current_xact_id_if_assigned()
+                         AND pg_xact_status(x) = 'in progress');
+        IF cardinality(busy) = 0 THEN
+            RETURN true;
+        END IF;
+        IF clock_timestamp() >= until THEN
+            RETURN false;
+        END IF;
+        PERFORM pg_sleep(0.0005);
+    END LOOP;
 END
 $$;
 
--- The scanner sleeps until the next time due (cyclone_next_due), read once every commit that
--- read the old `timer_at` is over; returns how long that is from now, in seconds.
+-- The scanner sleeps until the next time due (cyclone_next_due), which it writes; returns how
+-- long that is from now, in seconds. (It settles, then calls this again before it sleeps.)
 CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz) RETURNS float8
 LANGUAGE plpgsql AS $$
 DECLARE
     at timestamptz;
 BEGIN
-    PERFORM cyclone_wake_lock('timer', true);
     UPDATE cyclone_wake SET timer_at = cyclone_next_due(horizon, since) RETURNING timer_at INTO at;
     RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
 END
@@ -71,7 +74,6 @@ $$;
 -- Wake a waiting supervisor, if one waits (the scanner calls it too, as a retry comes due).
 CREATE FUNCTION cyclone_wake_ready() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM cyclone_wake_lock('ready', false);
     IF (SELECT wanted FROM cyclone_wake) THEN
         UPDATE cyclone_wake SET wanted = false
          WHERE one IN (SELECT one FROM cyclone_wake WHERE wanted FOR UPDATE SKIP LOCKED);
@@ -83,7 +85,6 @@ $$;
 -- Wake the scanner for `at`, if it sleeps past it.
 CREATE FUNCTION cyclone_wake_timer(at timestamptz) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM cyclone_wake_lock('timer', false);
     IF at < (SELECT timer_at FROM cyclone_wake) THEN
         UPDATE cyclone_wake SET timer_at = at
          WHERE one IN (SELECT one FROM cyclone_wake WHERE timer_at > at
@@ -99,21 +100,21 @@ BEGIN
         PERFORM cyclone_wake_timer(NEW.due_at);
     ELSIF NEW.available_at > now() THEN
         PERFORM cyclone_wake_timer(NEW.available_at);
-    ELSE
-        PERFORM cyclone_wake_ready();
+    ELSIF (SELECT wanted FROM cyclone_wake) THEN
+        PERFORM cyclone_wake_ready();  -- read there again: another may have cleared it
     END IF;
     RETURN NULL;
 END
 $$;
 
-CREATE CONSTRAINT TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+CREATE TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
+    FOR EACH ROW
     WHEN (NEW.state = 'available'
           OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
     EXECUTE FUNCTION cyclone_steps_wake();
 
-CREATE CONSTRAINT TRIGGER cyclone_steps_wake_again AFTER UPDATE OF state, available_at, due_at
-    ON cyclone_steps DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF state, available_at, due_at
+    ON cyclone_steps FOR EACH ROW
     WHEN ((NEW.state = 'available'
            AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at))
           OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
@@ -127,8 +128,8 @@ BEGIN
 END
 $$;
 
-CREATE CONSTRAINT TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at
-    ON cyclone_runs DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at
+    ON cyclone_runs FOR EACH ROW
     WHEN (NEW.deadline_at < now() + interval '1 minute')
     EXECUTE FUNCTION cyclone_runs_wake();
 
