@@ -215,16 +215,17 @@ def record_and_lease(
     workflows: Sequence[str] | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> tuple[bool, Lease | None]:
     """`record`, then lease the next due step: one statement for a completed task step."""
     if outcome.ok and lease.kind == NodeKind.TASK:
         return complete_and_lease(
             conn, lease, outcome.value, worker=worker, workflows=workflows,
-            lease_ttl=lease_ttl, now=now, encoded=outcome.encoded,
+            lease_ttl=lease_ttl, now=now, encoded=outcome.encoded, graphs=graphs,
         )  # fmt: skip
     written = record(conn, lease, outcome, now=now)
     return written, lease_step(
-        conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now
+        conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now, graphs=graphs
     )
 
 

@@ -33,6 +33,12 @@ SELECT g.hash, g.graph, w.concurrency_field, w.concurrency_limit
 -- name: graph_get
 SELECT hash, graph FROM cyclone_graphs WHERE hash = %(hash)s;
 
+-- name: graph_versions
+-- Every stored graph of these workflows (cyclone/engine/versions.py): a few per deploy.
+SELECT hash, workflow FROM cyclone_graphs
+ WHERE workflow = ANY (%(names)s::text[])
+ ORDER BY created_at, hash;
+
 -- name: run_submit
 -- Create runs and their root steps in one statement. An idempotency key that is already taken
 -- inserts nothing (and so no steps); run_by_key then finds the run that owns it. Each run takes

@@ -242,6 +242,7 @@ class Dispatcher:
         *,
         workflows: Callable[[], Sequence[str]],
         lease_ttl: float,
+        graphs: Callable[[], Sequence[str] | None] | None = None,
         watch: Callable[[int], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
         sessions: int = SESSIONS,
@@ -251,6 +252,8 @@ class Dispatcher:
     ) -> None:
         self.dsn = dsn
         self.workflows = workflows
+        # The graph versions its code can run (engine/versions.py): only their steps are leased.
+        self.graphs = graphs or (lambda: None)
         # [supervisor] queues' caps: at most so many of this VM's workers hold a step of each
         # capped queue (`capped`); a workflow's queue.
         self.caps = caps or (lambda: {})
@@ -416,7 +419,7 @@ class Dispatcher:
         ahead = self.ahead(arbiter, leasing) if room is None else []
         params = dispatch_params(
             finished, [f"{self.host}:{h.pid}" for h in leasing] + ahead,
-            workflows=workflows, lease_ttl=self.lease_ttl,
+            workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()

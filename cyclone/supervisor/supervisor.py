@@ -27,6 +27,7 @@ from cyclone.child.lease import RenewalBoard
 from cyclone.child.proctitle import set_title, supervisor_title
 from cyclone.child.session import connect_briefly
 from cyclone.config import Settings, load_config
+from cyclone.engine.versions import Served
 from cyclone.errors import ConfigError
 from cyclone.notify import Notifier
 from cyclone.outage import OutageLog
@@ -154,8 +155,10 @@ class Supervisor:
         self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
         self.notifier = Notifier()
         self.started_at = time.monotonic()
+        self.served = Served(self.registry)
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
+            graphs=lambda: self.served.graphs,
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
             unwatch=self.unwatch, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
@@ -203,6 +206,7 @@ class Supervisor:
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
+        self.refresh_graphs()
         self.warn_unserved()
         self.arbiter.start()
         # Config, database and schema were checked before we got here, the metrics socket is
@@ -300,10 +304,12 @@ class Supervisor:
         now = time.monotonic()
         if self.arbiter.finished or not self.presence.due(now, self.arbiter.next_kill_at()):
             return
+        if self.served.due() and self.presence.session.alive:
+            self.refresh_graphs(self.presence.session.get)
         snap = snapshot(
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
-            workflows=self.registry,
+            workflows=self.registry, graphs=self.served.graphs,
         )  # fmt: skip
         if self.presence.publish(snap, now):
             # Its publishes are the loop's own regular database calls: they tell when the
@@ -312,6 +318,24 @@ class Supervisor:
         else:
             self.arbiter.database_failed()
         self.notifier.update(self.status_line())
+
+    def refresh_graphs(self, kept: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
+        """Look again at which graph versions our code can run (engine/versions.py), on the
+        presence session `kept` (else a brief connection); on an error, keep what we had."""
+        before = set(self.served.graphs)
+        try:
+            if kept is not None:
+                self.served.refresh(kept())
+            else:
+                with connect_briefly(self.dsn, PRESENCE_STATEMENT_TIMEOUT_MS) as conn:
+                    self.served.refresh(conn)
+        except psycopg.Error as exc:
+            log.warning("cannot look up graph versions: %s", exc, extra={"action": "versions"})
+            return
+        added = [g for g in self.served.graphs if g not in before]
+        if added and self.presence.published:
+            log.info("now serving graph versions: %s", ", ".join(g[:12] for g in added),
+                     extra={"action": "versions"})  # fmt: skip
 
     def status_line(self) -> str:
         workers = self.arbiter.workers()
@@ -394,6 +418,8 @@ class Supervisor:
             except (ImportError, psycopg.Error) as exc:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
         self.registry = serving(self.loaded, settings)
+        self.served = Served(self.registry)
+        self.refresh_graphs()
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
         self.renewer.lease_ttl = settings.worker.lease_ttl

@@ -200,7 +200,7 @@ def _lease_params(b: Backlog | None, **extra: Any) -> dict[str, Any]:
     return {
         "lease": True, "other_than": None, "worker": "plans", "ttl": 30.0, "now": None,
         "workflows": text_array((one.name, chain.name)), **dict.fromkeys(FLOOR_KEYS),
-        **extra,
+        "graphs": text_array((one.graph.hash, chain.graph.hash)), **extra,
     }  # fmt: skip
 
 
@@ -245,7 +245,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
                          b.leases["one"].run_id, None, last=True),
             ],
             ["plans:1", "plans:2", "plans:3"], workflows=(one.name, chain.name),
-            lease_ttl=30.0,
+            lease_ttl=30.0, graphs=(one.graph.hash, chain.graph.hash),
         ),
         **dict.fromkeys(FLOOR_KEYS),
     },
