@@ -59,6 +59,7 @@ from cyclone.engine.sweeps import (
     sweep_retention,
     sweep_sleeps,
     sweep_stale_supervisors,
+    sweep_unserved,
 )
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "sweep_schedules",
     "sweep_sleeps",
     "sweep_stale_supervisors",
+    "sweep_unserved",
     "trigger_schedule",
     "upsert_schedule",
 ]

@@ -94,7 +94,8 @@ SELECT 'due', 'steps', due FROM due
 UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
 UNION ALL
-SELECT 'unserved', workflow, runs FROM unserved
+-- Labelled `workflow graph_hash` (a hash has no space): the reader splits at the last space.
+SELECT 'unserved', workflow || ' ' || graph_hash, runs FROM unserved
 UNION ALL
 -- Schedules (migration 19): each one's ticks started, skipped and missed (counters kept on
 -- its row) and how late its latest tick's run started. By name, at most 1,000 (a deployment

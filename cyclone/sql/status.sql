@@ -123,29 +123,35 @@ SELECT q.*, (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS runn
 ) AS q;
 
 -- name: _unserved_runs
--- A fragment: running runs, by workflow, that no live supervisor's workers lease: their steps
--- wait with workers idle (a workflow added to a module a SIGHUP could not re-import, say).
--- A supervisor serves the names it publishes (NULL, from before migration 8: every name);
--- %(served)s are names served besides (the asking supervisor's own, its row skipped by
--- %(self_id)s). With no live supervisor at all, nothing is reported: that is another alarm.
-SELECT r.workflow, count(*) AS runs
+-- A fragment: running runs, by workflow and graph version, that no live supervisor's workers
+-- lease: their steps wait with workers idle (a workflow added to a module a SIGHUP could not
+-- re-import, or a version whose VMs were all retired: docs/deploys.md). A supervisor serves the
+-- names it publishes (NULL, from before migration 8: every name) and, of those, the graph
+-- hashes it publishes (NULL, from before migration 16: every graph); %(served)s and
+-- %(graphs)s are what the asking supervisor serves (its row skipped by %(self_id)s; %(graphs)s
+-- NULL: every graph of %(served)s). With no live supervisor at all, nothing is reported: that
+-- is another alarm.
+SELECT r.workflow, r.graph_hash, count(*) AS runs
   FROM cyclone_runs r
- WHERE r.state = 'running' AND r.workflow <> ALL (%(served)s::text[])
+ WHERE r.state = 'running'
+   AND NOT (r.workflow = ANY (%(served)s::text[])
+            AND (%(graphs)s::text[] IS NULL OR r.graph_hash = ANY (%(graphs)s::text[])))
    AND NOT EXISTS (SELECT 1 FROM cyclone_supervisors s
                     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
                       AND s.id IS DISTINCT FROM %(self_id)s::text
-                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows)))
+                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows))
+                      AND (s.graphs IS NULL OR r.graph_hash = ANY (s.graphs)))
    AND (cardinality(%(served)s::text[]) > 0
         OR EXISTS (SELECT 1 FROM cyclone_supervisors s
                     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)))
- GROUP BY r.workflow
+ GROUP BY r.workflow, r.graph_hash
 
 -- name: status_unserved
--- Running runs of workflows no live supervisor serves, most runs first.
-SELECT workflow, runs FROM (
+-- Running runs of graph versions no live supervisor serves, most runs first.
+SELECT workflow, graph_hash, runs FROM (
 -- include: _unserved_runs
 ) AS unserved
- ORDER BY runs DESC, workflow
+ ORDER BY runs DESC, workflow, graph_hash
  LIMIT %(limit)s;
 
 -- name: status_dlq_depth

@@ -219,7 +219,7 @@ WITH c AS (
                CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
                (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
                %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
-               %(after_id)s::bigint, %(graphs)s::text[])
+               %(after_id)s::bigint, %(graphs)s)
 ), done AS (
     UPDATE cyclone_steps s
        SET state = 'completed', output = c.output,

@@ -252,3 +252,49 @@ SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timest
  ORDER BY due_at
  LIMIT %(batch_size)s
    FOR UPDATE SKIP LOCKED;
+
+-- name: sweep_unserved
+-- Steps of runs whose graph no live supervisor serves (engine/versions.py) leave the lease
+-- index, parked (state `waiting`): a lease would otherwise walk over them every time, and a
+-- retired version's runs can wait for days. Steps parked so whose graph a live supervisor serves
+-- again become available. A supervisor serves a run when it names the run's workflow and graph
+-- (NULL: every workflow, every graph of its workflows: one older than migration 16). With no
+-- live supervisor at all nothing is parked: that is another alarm, and nothing leases anyway.
+-- The runs are read through cyclone_runs_live_idx (the live runs, as `cyclone status` counts
+-- them), the parked steps through cyclone_steps_parked_idx; rows are locked with SKIP LOCKED
+-- and re-checked, and no run is locked: nothing here waits for a writer.
+WITH live AS (
+    SELECT s.workflows, s.graphs FROM cyclone_supervisors s
+     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+), parked AS (
+    UPDATE cyclone_steps s SET state = 'waiting', parked = true
+      FROM (SELECT st.id
+              FROM cyclone_runs r
+              JOIN cyclone_steps st ON st.run_id = r.id
+             WHERE r.state = 'running' AND st.state = 'available'
+               AND EXISTS (SELECT 1 FROM live)
+               AND NOT EXISTS (SELECT 1 FROM live
+                                WHERE (live.workflows IS NULL OR r.workflow = ANY (live.workflows))
+                                  AND (live.graphs IS NULL OR r.graph_hash = ANY (live.graphs)))
+             LIMIT %(batch_size)s
+               FOR UPDATE OF st SKIP LOCKED) AS due
+     WHERE s.id = due.id AND s.state = 'available'
+    RETURNING s.id
+), unparked AS (
+    UPDATE cyclone_steps s
+       SET state = 'available', parked = false,
+           available_at = greatest(s.available_at, coalesce(%(now)s::timestamptz, now()))
+      FROM (SELECT st.id
+              FROM cyclone_steps st
+              JOIN cyclone_runs r ON r.id = st.run_id
+             WHERE st.parked AND st.state = 'waiting'
+               AND EXISTS (SELECT 1 FROM live
+                            WHERE (live.workflows IS NULL OR r.workflow = ANY (live.workflows))
+                              AND (live.graphs IS NULL OR r.graph_hash = ANY (live.graphs)))
+             LIMIT %(batch_size)s
+               FOR UPDATE OF st SKIP LOCKED) AS due
+     WHERE s.id = due.id AND s.state = 'waiting' AND s.parked
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM parked)::integer AS parked,
+       (SELECT count(*) FROM unparked)::integer AS unparked;

@@ -63,6 +63,8 @@ LISTEN_RETRY = 5.0
 # The database gauges of /metrics are read inside the loop: their query gets less time than
 # the supervisor's writes do.
 METRICS_STATEMENT_TIMEOUT_MS = 1000
+# Runs that no live VM serves (a version retired with runs in flight) are looked for this often.
+UNSERVED_CHECK_EVERY = 30.0
 # A presence upsert touches a handful of rows; it must never hold the loop long.
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
@@ -156,6 +158,9 @@ class Supervisor:
         self.notifier = Notifier()
         self.started_at = time.monotonic()
         self.served = Served(self.registry)
+        # Versions whose runs no VM serves, named in the log once each (warn_unserved).
+        self.unserved_told: set[tuple[str, str]] = set()
+        self.unserved_checked = 0.0
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
             graphs=lambda: self.served.graphs,
@@ -306,6 +311,9 @@ class Supervisor:
             return
         if self.served.due() and self.presence.session.alive:
             self.refresh_graphs(self.presence.session.get)
+        if now - self.unserved_checked >= UNSERVED_CHECK_EVERY:
+            # A version whose last VM was retired since: said once, when first seen.
+            self.warn_unserved()
         snap = snapshot(
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
@@ -430,4 +438,6 @@ class Supervisor:
     def warn_unserved(self) -> None:
         """Name the workflows whose running runs no worker (ours or another live
         supervisor's) serves: they would wait silently."""
-        warn_unserved(lambda: connect_briefly(self.dsn), self.registry, self.presence.id)
+        warn_unserved(lambda: connect_briefly(self.dsn), self.registry, self.presence.id,
+                      self.served.graphs, self.unserved_told)  # fmt: skip
+        self.unserved_checked = time.monotonic()

@@ -306,6 +306,8 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
+    # Nothing is parked and no supervisor is live: what it reads is the live runs' index.
+    "sweep_unserved": lambda b: {"batch_size": 500, "now": None, "lost_after": 10.0},
     # What an operator reads during an incident.
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},
@@ -322,10 +324,10 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     # Counts of live runs: their cost follows the live runs counted, never the history.
     "status_runs_by_state": lambda b: {"window": 3600.0},
     "metrics_gauges": lambda b: {
-        "cap": 10_000, "lost_after": 30.0, "served": [], "self_id": None,
+        "cap": 10_000, "lost_after": 30.0, "served": [], "graphs": None, "self_id": None,
     },
     "status_unserved": lambda b: {
-        "served": [], "lost_after": 30.0, "self_id": None, "limit": 20,
+        "served": [], "graphs": None, "lost_after": 30.0, "self_id": None, "limit": 20,
     },
 }
 # What each count may touch: an index-only scan of the live runs, plus a heap page for each
