@@ -31,6 +31,7 @@ from cyclone.engine import (
     lease_step,
     start_child,
 )
+from cyclone.engine.patches import patched
 from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, child_concurrency
 from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
 from cyclone.sql import QUERIES
@@ -94,6 +95,7 @@ def make_context(
         done=done or CancelEvent(),
         results=lambda: load_results(conn, lease),
         effects=effects,
+        patched=lambda change: patched(conn, lease.run_id, lease.workflow, change),
     )
 
 

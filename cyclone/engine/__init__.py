@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.patches import patched
 from cyclone.engine.runs import submit_runs
 from cyclone.engine.schedules import (
     backfill_schedule,
@@ -81,6 +82,7 @@ __all__ = [
     "heartbeat",
     "lease_step",
     "list_schedules",
+    "patched",
     "pause_run",
     "pause_schedule",
     "register_workflows",

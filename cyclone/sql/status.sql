@@ -233,3 +233,32 @@ SELECT name, workflow, next_tick_at, due_at, missed,
  WHERE NOT paused
  ORDER BY due_at
  LIMIT %(limit)s;
+
+-- name: workflow_versions
+-- `cyclone workflows`: each workflow's stored graph versions (newest first), whether new runs
+-- start with it (`current`), its live runs (running, paused or queued: counted once over the
+-- live runs, through their indexes), the live supervisors that serve it, when it was first
+-- registered and when a supervisor last said it served it (NULL: never). Read-only.
+WITH live AS (
+    SELECT graph_hash, count(*) AS n FROM (
+        SELECT r.graph_hash FROM cyclone_runs r WHERE r.state IN ('running', 'paused')
+        UNION ALL
+        SELECT r.graph_hash FROM cyclone_runs r WHERE r.state = 'queued'
+    ) AS runs GROUP BY graph_hash
+), sups AS (
+    SELECT s.id, s.workflows, s.graphs FROM cyclone_supervisors s
+     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+)
+SELECT g.workflow, g.hash AS graph_hash, coalesce(w.graph_hash = g.hash, false) AS current,
+       coalesce(live.n, 0) AS live_runs,
+       ARRAY(SELECT sups.id FROM sups
+              WHERE (sups.workflows IS NULL OR g.workflow = ANY (sups.workflows))
+                AND (sups.graphs IS NULL OR g.hash = ANY (sups.graphs))
+              ORDER BY sups.id) AS served_by,
+       g.created_at AS first_seen, g.served_at AS last_served
+  FROM cyclone_graphs g
+  LEFT JOIN cyclone_workflows w ON w.name = g.workflow
+  LEFT JOIN live ON live.graph_hash = g.hash
+ WHERE %(workflow)s::text IS NULL OR g.workflow = %(workflow)s
+ ORDER BY g.workflow, g.created_at DESC, g.hash
+ LIMIT %(limit)s;
