@@ -10,6 +10,8 @@ runs.py      a run's own operations: submit, lock, fail, cancel a tree of runs
 control.py   operations on whole runs from outside: cancel, pause, resume, signal
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
+versions.py  which graph versions a process's code can run: what it may lease
+patches.py   ctx.patched(): a change's answer, recorded once per run
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
 renewal.py   the supervisor's renewal of its workers' leases, many in one statement
 schedules.py schedules: upsert, pause, resume, trigger, backfill, and their sweep

@@ -94,6 +94,13 @@ def test_a_version_runs_on_code_that_has_every_node_a_worker_runs() -> None:
     kinds.wait("fetch", signal="go")
     kinds.task(v1_ship, name="ship", after=["fetch"])
     assert not runs_on(v1.graph, kinds.graph)  # a task is not a wait
+    kid_a, kid_b = cyclone.Workflow("deploy-kid-a"), cyclone.Workflow("deploy-kid-b")
+    kid_a.wait("w", signal="s")
+    kid_b.wait("w", signal="s")
+    parent_a, parent_b = cyclone.Workflow("deploy-parent"), cyclone.Workflow("deploy-parent")
+    parent_a.child("kid", workflow=kid_a, input=lambda ctx: None)
+    parent_b.child("kid", workflow=kid_b, input=lambda ctx: None)
+    assert not runs_on(parent_a.graph, parent_b.graph)  # another child workflow
 
 
 def test_each_version_leases_only_the_steps_its_code_has(env: TestEnv) -> None:
