@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from cli_support import run_cli
 from plan_probe import probe
@@ -327,3 +328,49 @@ def test_literal_change_ids_are_found_in_handlers_and_functions_inside_them() ->
         return ctx.patched("outer-change") and inner() and ctx.other("not-a-change")
 
     assert literal_patches(handler) == {"inner-change", "outer-change"}
+
+
+def test_a_version_no_vm_serves_is_logged_once_until_it_is_served_again(
+    env: TestEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cyclone.child.session import connect_briefly
+    from cyclone.supervisor.served import warn_unserved
+
+    register(env, v1)
+    env.client.submit("deploy-orders", {})
+    register(env, v2)
+    publish(env, "vm-v2", [v2.graph.hash])
+    told: set[tuple[str, str]] = set()
+
+    def check() -> list[dict[str, Any]]:
+        return warn_unserved(lambda: connect_briefly(env.dsn), [], None, [], told)
+
+    with caplog.at_level("WARNING", logger="cyclone.supervisor"):
+        assert [r["graph_hash"] for r in check()] == [v1.graph.hash]
+        assert check() == []  # the same version: said once
+        assert caplog.text.count(f"deploy-orders version {v1.graph.hash[:12]}") == 1
+        publish(env, "vm-v1", [v1.graph.hash])
+        assert check() == [] and told == set()
+        env.conn.execute("DELETE FROM cyclone_supervisors WHERE id = 'vm-v1'")
+        assert len(check()) == 1  # retired again: said again
+        assert caplog.text.count(f"deploy-orders version {v1.graph.hash[:12]}") == 2
+
+
+def test_a_failed_look_up_of_versions_keeps_what_the_code_can_surely_run(env: TestEnv) -> None:
+    from cyclone.engine.versions import Served
+
+    register(env, v1)
+    register(env, v1b)
+    clock = [0.0]
+    served = Served(Registry([v1b]), every=5.0, clock=lambda: clock[0])
+    assert served.graphs == (v1b.graph.hash,)  # before any look-up: its own graph only
+    assert set(served.get(env.conn)) == {v1.graph.hash, v1b.graph.hash}
+    register(env, v2)
+    clock[0] = 1.0
+    assert set(served.get(env.conn)) == {v1.graph.hash, v1b.graph.hash}  # not due yet
+    broken = psycopg.connect(env.dsn)
+    broken.close()
+    clock[0] = 6.0
+    with pytest.raises(psycopg.Error):
+        served.get(broken)
+    assert set(served.graphs) == {v1.graph.hash, v1b.graph.hash}

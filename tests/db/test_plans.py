@@ -306,8 +306,13 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
-    # Nothing is parked and no supervisor is live: what it reads is the live runs' index.
+    # Nothing is parked and no supervisor is live: it reads nothing.
     "sweep_unserved": lambda b: {"batch_size": 500, "now": None, "lost_after": 10.0},
+    # ctx.patched()'s first call in a run: the change's row and the run's, by their keys.
+    "run_patched": lambda b: {
+        "run_id": b.leases["one"].run_id, "workflow": one.name, "patch": "plans-change",
+        "registered_at": None,
+    },
     # What an operator reads during an incident.
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},
@@ -329,11 +334,12 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "status_unserved": lambda b: {
         "served": [], "graphs": None, "lost_after": 30.0, "self_id": None, "limit": 20,
     },
+    "workflow_versions": lambda b: {"workflow": None, "limit": 200, "lost_after": 10.0},
 }
 # What each count may touch: an index-only scan of the live runs, plus a heap page for each
 # page of runs autovacuum has not yet marked all-visible.
 LIVE_RUNS = BACKLOG + 5_200 + PAUSED + 2_500  # 2,500: the flow-control runs
-COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved"}
+COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved", "workflow_versions"}
 
 
 # Run unprepared by their callers (a custom plan every time): their optional filters leave a
