@@ -58,7 +58,11 @@ def served_graphs(conn: Conn, workflows: Mapping[str, Workflow]) -> tuple[str, .
     for row in rows:
         if row["hash"] in own:
             continue
-        if runs_on(graph_by_hash(conn, row["hash"]), workflows[row["workflow"]].graph):
+        try:
+            graph = graph_by_hash(conn, row["hash"])
+        except (KeyError, TypeError, ValueError):  # GraphError too
+            continue  # written by a Cyclone this one cannot read: not ours to run
+        if runs_on(graph, workflows[row["workflow"]].graph):
             out.append(row["hash"])
     return tuple(out)
 
