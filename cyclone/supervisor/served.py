@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -79,7 +80,7 @@ def unserved_runs(
 
 
 def warn_unserved(
-    connect: Callable[[], psycopg.Connection[Any]],
+    connect: Callable[[], AbstractContextManager[psycopg.Connection[Any]]],
     served: Iterable[str],
     self_id: str | None,
     graphs: Iterable[str] | None = None,

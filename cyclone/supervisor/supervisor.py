@@ -311,9 +311,10 @@ class Supervisor:
             return
         if self.served.due() and self.presence.session.alive:
             self.refresh_graphs(self.presence.session.get)
-        if now - self.unserved_checked >= UNSERVED_CHECK_EVERY:
-            # A version whose last VM was retired since: said once, when first seen.
-            self.warn_unserved()
+        if now - self.unserved_checked >= UNSERVED_CHECK_EVERY and self.presence.session.alive:
+            # A version whose last VM was retired since: said once, when first seen. On the
+            # kept session (its short statement timeout): the loop must not wait on a connect.
+            self.warn_unserved(lambda: contextlib.nullcontext(self.presence.session.get()))
         snap = snapshot(
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
@@ -435,9 +436,10 @@ class Supervisor:
         self.warn_unserved()
         return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry, self.board)
 
-    def warn_unserved(self) -> None:
-        """Name the workflows whose running runs no worker (ours or another live
-        supervisor's) serves: they would wait silently."""
-        warn_unserved(lambda: connect_briefly(self.dsn), self.registry, self.presence.id,
-                      self.served.graphs, self.unserved_told)  # fmt: skip
+    def warn_unserved(self, connect: Callable[[], Any] | None = None) -> None:
+        """Name the workflows (and versions) whose running runs no worker (ours or another
+        live supervisor's) serves: they would wait silently. Each version once (until it is
+        served again)."""
+        warn_unserved(connect or (lambda: connect_briefly(self.dsn)), self.registry,
+                      self.presence.id, self.served.graphs, self.unserved_told)  # fmt: skip
         self.unserved_checked = time.monotonic()
