@@ -334,12 +334,11 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "status_unserved": lambda b: {
         "served": [], "graphs": None, "lost_after": 30.0, "self_id": None, "limit": 20,
     },
-    "workflow_versions": lambda b: {"workflow": None, "limit": 200, "lost_after": 10.0},
 }
 # What each count may touch: an index-only scan of the live runs, plus a heap page for each
 # page of runs autovacuum has not yet marked all-visible.
 LIVE_RUNS = BACKLOG + 5_200 + PAUSED + 2_500  # 2,500: the flow-control runs
-COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved", "workflow_versions"}
+COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved"}
 
 
 # Run unprepared by their callers (a custom plan every time): their optional filters leave a
