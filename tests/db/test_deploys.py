@@ -231,6 +231,13 @@ def test_a_lease_does_not_walk_a_retired_versions_backlog(env: TestEnv) -> None:
     for mode in ("custom", "generic"):
         parked = probe(env.conn, "step_lease", params, mode)
         assert parked.buffers <= 150, parked.text
+    # A pass of the sweep once they are parked: each live run read once, and the one step of
+    # each unserved run looked up by its run; nothing sorted, no walk of the steps.
+    sweep = {"batch_size": 500, "now": None, "lost_after": 10.0}
+    for mode in ("custom", "generic"):
+        again = probe(env.conn, "sweep_unserved", sweep, mode)
+        assert again.scanned_rows() <= 3001 + 3000 + 50, again.text
+        assert again.sorted_rows() == 0, again.text
 
 
 patched_v1 = cyclone.Workflow("deploy-patched")
