@@ -467,6 +467,7 @@ def lease_plans(conn: Any, workflow: str) -> tuple[str, str]:
     params = {
         "lease": True, "worker": "explain", "workflows": [workflow], "ttl": 30.0, "now": None,
         "other_than": None, "after_priority": None, "after_pass": None, "after_id": None,
+        "graphs": None,
     }  # fmt: skip
     rows = conn.execute("EXPLAIN " + QUERIES["step_lease"], params).fetchall()
     custom = "\n".join(r["QUERY PLAN"] for r in rows)

@@ -57,6 +57,8 @@ SWEEPS_SQL = "cyclone/sql/sweeps.sql"
 ARBITER = "cyclone/supervisor/arbiter.py"
 DISPATCH = "cyclone/supervisor/dispatch.py"
 RETRY_TESTS = "tests/db/test_retry_rules.py"
+DEPLOYS_SQL = "cyclone/sql/migrations/0016_deploys.sql"
+DEPLOY_TESTS = "tests/db/test_deploys.py"
 
 MUTANTS = [
     # --- retry backoff (step_fail) ---------------------------------------------------------
@@ -266,6 +268,34 @@ MUTANTS = [
         "     ORDER BY lease_expires_at\n     LIMIT %(batch_size)s\n",
         "     ORDER BY lease_expires_at\n",
         ("tests/db/test_plans.py", "tests/db/test_scanner_sweeps.py"),
+    ),
+    # --- deploys: lease only what you have (issue 26) --------------------------------------
+    Mutant(
+        "deploy-lease-any-version", DEPLOYS_SQL,
+        "       AND (graphs IS NULL OR r.graph_hash = ANY(graphs))\n     ORDER BY s.priority, "
+        "s.pass, s.id\n     LIMIT 1\n",
+        "     ORDER BY s.priority, s.pass, s.id\n     LIMIT 1\n",
+        (DEPLOY_TESTS,), "a worker leases a step its code has no handler for",
+    ),
+    Mutant(
+        "deploy-dispatch-any-version", DEPLOYS_SQL,
+        "       AND (graphs IS NULL OR r.graph_hash = ANY(graphs))\n     ORDER BY s.priority, "
+        "s.pass, s.id\n     LIMIT greatest(want, 0)\n",
+        "     ORDER BY s.priority, s.pass, s.id\n     LIMIT greatest(want, 0)\n",
+        (DEPLOY_TESTS,), "the supervisor hands a step to code that has not its node",
+    ),
+    Mutant(
+        "deploy-renamed-node-runs", "cyclone/engine/versions.py",
+        "        if have is None or have.kind != spec.kind or have.child != spec.child:",
+        "        if have is not None and have.kind != spec.kind:",
+        (DEPLOY_TESTS,), "a version that renamed a node is served by code without it",
+    ),
+    Mutant(
+        "deploy-patched-not-recorded", "cyclone/sql/runs.sql",
+        "     WHERE r.id = %(run_id)s AND NOT coalesce(r.patches ? %(patch)s::text, false)\n"
+        "    RETURNING r.patches -> %(patch)s::text AS patched",
+        "     WHERE r.id = %(run_id)s\n    RETURNING r.patches -> %(patch)s::text AS patched",
+        (DEPLOY_TESTS,), "a retry or another VM can get another answer from ctx.patched()",
     ),
 ]
 

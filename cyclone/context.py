@@ -144,6 +144,8 @@ class StepContext:
         "_deadline_left",
         "_effects",
         "_loader",
+        "_patched",
+        "_patches",
         "_results",
         "_started",
         "attempt",
@@ -172,6 +174,7 @@ class StepContext:
         done: threading.Event | None = None,
         results: Callable[[], Mapping[str, Any]] | Mapping[str, Any] | None = None,
         effects: Effects | None = None,
+        patched: Callable[[str], bool] | None = None,
     ) -> None:
         self.run_id = run_id
         self.step_id = step_id
@@ -187,6 +190,8 @@ class StepContext:
         self._loader = results if callable(results) else None
         self._results = None if callable(results) else dict(results or {})
         self._effects = effects
+        self._patched = patched
+        self._patches: dict[str, bool] = {}
 
     @property
     def results(self) -> Mapping[str, Any]:
@@ -220,6 +225,26 @@ class StepContext:
         already lost its lease.
         """
         return FencedTransaction(self._effects)
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new branch of a change to the workflow's logic.
+
+            if ctx.patched("price-in-cents"):
+                return {"total": cents(order)}
+            return {"total": euros(order)}       # runs started before the change
+
+        True for runs started after code containing this call (with this id) first
+        registered, False for runs started earlier. The answer is recorded on the run by its
+        first call, so every later call in the run (a retry, another node, another VM, old
+        code or new) gets the same one. Once no run started before the change is live, the
+        old branch and the call can be deleted (docs/deploys.md).
+        """
+        answer = self._patches.get(change_id)
+        if answer is None:
+            if self._patched is None:
+                raise CycloneError("ctx.patched() is only available while a step runs")
+            answer = self._patches[change_id] = self._patched(change_id)
+        return answer
 
     def time_left(self) -> timedelta | None:
         """Time until the run's deadline (never negative), or None when it has none."""

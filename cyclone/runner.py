@@ -31,6 +31,7 @@ from cyclone.engine import (
     lease_step,
     start_child,
 )
+from cyclone.engine.patches import patched
 from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, child_concurrency
 from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
 from cyclone.sql import QUERIES
@@ -94,6 +95,7 @@ def make_context(
         done=done or CancelEvent(),
         results=lambda: load_results(conn, lease),
         effects=effects,
+        patched=lambda change: patched(conn, lease.run_id, lease.workflow, change),
     )
 
 
@@ -215,16 +217,17 @@ def record_and_lease(
     workflows: Sequence[str] | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> tuple[bool, Lease | None]:
     """`record`, then lease the next due step: one statement for a completed task step."""
     if outcome.ok and lease.kind == NodeKind.TASK:
         return complete_and_lease(
             conn, lease, outcome.value, worker=worker, workflows=workflows,
-            lease_ttl=lease_ttl, now=now, encoded=outcome.encoded,
+            lease_ttl=lease_ttl, now=now, encoded=outcome.encoded, graphs=graphs,
         )  # fmt: skip
     written = record(conn, lease, outcome, now=now)
     return written, lease_step(
-        conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now
+        conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now, graphs=graphs
     )
 
 

@@ -32,6 +32,7 @@ from cyclone.client import Client
 from cyclone.context import Effects
 from cyclone.db import connect
 from cyclone.embedded import ensure_test_server
+from cyclone.engine.versions import served_graphs
 from cyclone.errors import RunStuck
 from cyclone.migrate import migrate
 from cyclone.models import RunStatus
@@ -169,6 +170,8 @@ class TestEnv:
             workflows=list(self.registry),
             lease_ttl=_LEASE_TTL,
             now=self.now(),
+            # As a supervisor leases: only steps of graph versions this code can run.
+            graphs=served_graphs(self.conn, self.registry),
         )
         if lease is None:
             return False

@@ -10,6 +10,8 @@ runs.py      a run's own operations: submit, lock, fail, cancel a tree of runs
 control.py   operations on whole runs from outside: cancel, pause, resume, signal
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
+versions.py  which graph versions a process's code can run: what it may lease
+patches.py   ctx.patched(): a change's answer, recorded once per run
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
 renewal.py   the supervisor's renewal of its workers' leases, many in one statement
 schedules.py schedules: upsert, pause, resume, trigger, backfill, and their sweep
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
 from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.patches import patched
 from cyclone.engine.runs import submit_runs
 from cyclone.engine.schedules import (
     backfill_schedule,
@@ -59,6 +62,7 @@ from cyclone.engine.sweeps import (
     sweep_retention,
     sweep_sleeps,
     sweep_stale_supervisors,
+    sweep_unserved,
 )
 
 __all__ = [
@@ -80,6 +84,7 @@ __all__ = [
     "heartbeat",
     "lease_step",
     "list_schedules",
+    "patched",
     "pause_run",
     "pause_schedule",
     "register_workflows",
@@ -101,6 +106,7 @@ __all__ = [
     "sweep_schedules",
     "sweep_sleeps",
     "sweep_stale_supervisors",
+    "sweep_unserved",
     "trigger_schedule",
     "upsert_schedule",
 ]

@@ -145,6 +145,7 @@ def dispatch_params(
     workflows: Sequence[str] | None,
     lease_ttl: float,
     now: datetime | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> dict[str, str | None]:
     """steps_dispatch's parameters, each as the text PostgreSQL reads (casts are in the SQL)."""
     rows = [
@@ -159,6 +160,7 @@ def dispatch_params(
         "want": str(len(workers)),
         "workers": text_array(tuple(workers)),
         "workflows": text_array(tuple(workflows)) if workflows is not None else None,
+        "graphs": text_array(tuple(graphs)) if graphs is not None else None,
         "ttl": repr(float(lease_ttl)),
         "now": now.isoformat() if now is not None else None,
     }
@@ -177,6 +179,7 @@ def dispatch(
     workflows: Sequence[str] | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> Dispatched:
     """Complete `finished` and lease at most one step for each of `workers`, in one statement,
     waiting for it (the supervisor sends the same statement without waiting).
@@ -184,7 +187,9 @@ def dispatch(
     Like `lease_step`, it keeps its place in the candidate index on the connection; when a
     scan from that place finds nothing, a second statement (leasing only) scans from the start.
     """
-    params = dispatch_params(finished, workers, workflows=workflows, lease_ttl=lease_ttl, now=now)
+    params = dispatch_params(
+        finished, workers, workflows=workflows, lease_ttl=lease_ttl, now=now, graphs=graphs
+    )
     floor = _LeaseFloor.of(conn)
     completed: frozenset[int] = frozenset()
     while True:

@@ -47,6 +47,7 @@ def register_workflows(
     upsert the schedules they declare (and log those no longer declared), all at once. `now`
     places a new schedule's first tick (None: the database clock)."""
     # Here, not at the top: schedules.py reads graphs through this module.
+    from cyclone.engine.patches import register_patches
     from cyclone.engine.schedules import upsert_declared
 
     workflows = list(workflows)
@@ -54,6 +55,7 @@ def register_workflows(
         for params in registration(workflows):
             conn.execute(QUERIES["graph_register"], params)
             conn.execute(QUERIES["workflow_register"], params)
+        register_patches(conn, workflows, now=now)
         upsert_declared(conn, workflows, now=now)
 
 

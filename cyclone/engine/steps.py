@@ -89,13 +89,15 @@ def lease_step(
     workflows: Sequence[str] | None = None,
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> Lease | None:
-    """Lease the oldest due step (of these workflows, when given), or None.
+    """Lease the oldest due step (of these workflows, and of runs of these graph hashes:
+    those the caller's code can run, engine/versions.py; when given), or None.
 
     Like `complete_and_lease`, it runs on the connection's reused cursor (`step_cursor`): call
     it from one thread per connection, as psycopg cursors are not shared between threads.
     """
-    params = _lease_params(worker, workflows, lease_ttl, now, lease=True)
+    params = _lease_params(worker, workflows, lease_ttl, now, lease=True, graphs=graphs)
     floor = _LeaseFloor.of(conn)
     while True:
         params.update(floor.params())
@@ -160,6 +162,7 @@ def _lease_params(
     *,
     lease: bool,
     other_than: str | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Parameters of the `_lease_next` fragment every lease and fast completion ends with;
     `other_than`: a run none of whose steps may be leased (the one being completed)."""
@@ -168,6 +171,7 @@ def _lease_params(
         "other_than": other_than,
         "worker": worker,
         "workflows": text_array(tuple(workflows)) if workflows is not None else None,
+        "graphs": text_array(tuple(graphs)) if graphs is not None else None,
         "ttl": lease_ttl,
         "now": now,
     }
@@ -246,6 +250,7 @@ def complete_and_lease(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
     encoded: str | None = None,
+    graphs: Sequence[str] | None = None,
 ) -> tuple[bool, Lease | None]:
     """Complete this step and lease the next due one, in one statement where the step allows.
 
@@ -259,17 +264,18 @@ def complete_and_lease(
     fast = _fast_completion(graph, lease)
     if fast is None:
         done = _complete_general(conn, lease, graph, params, now)
-        nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now)
+        nxt = lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl, now=now,
+                         graphs=graphs)  # fmt: skip
         return done, nxt
     lease_next = _lease_params(
-        worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id
+        worker, workflows, lease_ttl, now, lease=True, other_than=lease.run_id, graphs=graphs
     )
     floor = _LeaseFloor.of(conn)
     done, row = _complete_fast(conn, fast, {**params, **lease_next, **floor.params()})
     if done and floor.taken(row):
         # Nothing after the last lease: look from the start, in a statement of its own.
         return done, lease_step(conn, worker=worker, workflows=workflows, lease_ttl=lease_ttl,
-                                now=now)  # fmt: skip
+                                now=now, graphs=graphs)  # fmt: skip
     return done, _lease_from_row(row, lease_ttl)
 
 

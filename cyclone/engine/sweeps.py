@@ -19,6 +19,8 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
     schedules          schedule due (next tick)       -> the tick's run started (one per tick),
                                                           or skipped or buffered by its overlap
                                                           policy; missed past its catch-up window
+    unserved           available step of a run whose   -> parked (`waiting`), out of the lease
+                       graph no live VM serves            index; available again once served
     retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
 """
 
@@ -43,6 +45,10 @@ Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
 # Old runs pile up slowly, so once a minute is enough however short the scanner interval is.
 RETENTION_EVERY = 60.0
+# Parking reads every live run: every few seconds is enough (a parked step waits for a VM).
+UNSERVED_EVERY = 2.0
+# A supervisor seen this recently is live (as `cyclone status` says; supervisor/served.py).
+LIVE_WITHIN = 10.0
 
 
 def sweep_deadlines(
@@ -209,6 +215,22 @@ def sweep_fair_clock(
         return len(conn.execute(QUERIES["sweep_fair_clock"], {}).fetchall())
 
 
+def sweep_unserved(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Park the available steps of runs whose graph no live supervisor serves, out of the
+    lease index, and make parked steps available again once one does; returns the steps moved.
+    """
+    params = {"batch_size": batch_size, "now": now, "lost_after": LIVE_WITHIN}
+
+    def tx() -> int:
+        with conn.transaction():
+            row = conn.execute(QUERIES["sweep_unserved"], params).fetchone()
+        return int(row["parked"]) + int(row["unparked"])
+
+    return retrying(tx)
+
+
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """One entry of `SWEEPS`: everything the scanner and the harness need to run a sweep."""
@@ -254,6 +276,9 @@ SWEEPS = (
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
     Sweep("held_steps", sweep_held_steps),
+    # A version no live VM serves: its steps wait parked (docs/deploys.md); back within
+    # UNSERVED_EVERY of a VM that serves it publishing its presence.
+    Sweep("unserved", sweep_unserved, every=UNSERVED_EVERY),
     Sweep("fair_clock", sweep_fair_clock),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
     Sweep("schedules", sweep_schedules, timely=True),

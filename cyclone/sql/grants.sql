@@ -26,6 +26,10 @@ REVOKE UPDATE ON {schema}.cyclone_runs FROM {runtime};
 GRANT SELECT, INSERT ON {schema}.cyclone_runs TO {runtime};
 GRANT UPDATE (state, output, deadline_at, paused_at, finished_at, waited, queued, pass)
       ON {schema}.cyclone_runs TO {runtime};
+-- Deploys (migration 16): ctx.patched()'s answers, kept on the run once given, and when code
+-- containing each change first registered.
+GRANT UPDATE (patches) ON {schema}.cyclone_runs TO {runtime};
+GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_patches TO {runtime};
 -- Failed attempts are written, never changed: their history is what operators read.
 GRANT SELECT, INSERT ON {schema}.cyclone_step_attempts TO {runtime};
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_supervisors, {schema}.cyclone_workers

@@ -7,15 +7,21 @@
 -- parallel arrays), and the removal of slots it no longer has. busy_for and uptime are
 -- durations measured on the supervisor's monotonic clock; the timestamps come from this
 -- database's clock, like every other time Cyclone stores.
+-- The graphs it serves (migration 16) are marked served at most once a minute (SERVED_EVERY).
 WITH sup AS (
     INSERT INTO cyclone_supervisors AS s (id, host, pid, state, workers_target, started_at, seen_at,
-                                          workflows)
+                                          workflows, graphs)
     VALUES (%(id)s, %(host)s, %(pid)s, %(state)s, %(target)s,
-            now() - make_interval(secs => %(uptime)s), now(), %(served)s::text[])
+            now() - make_interval(secs => %(uptime)s), now(), %(served)s::text[],
+            %(graphs)s::text[])
     ON CONFLICT (id) DO UPDATE
        SET state = EXCLUDED.state, workers_target = EXCLUDED.workers_target, seen_at = now(),
-           workflows = EXCLUDED.workflows
+           workflows = EXCLUDED.workflows, graphs = EXCLUDED.graphs
     RETURNING s.id
+), served AS (
+    UPDATE cyclone_graphs g SET served_at = now()
+     WHERE g.hash = ANY (%(graphs)s::text[])
+       AND (g.served_at IS NULL OR g.served_at < now() - interval '60 seconds')
 ), gone AS (
     DELETE FROM cyclone_workers
      WHERE supervisor_id = %(id)s AND slot <> ALL (%(slots)s::integer[])
@@ -88,7 +94,8 @@ SELECT 'due', 'steps', due FROM due
 UNION ALL
 SELECT 'due', 'oldest_age', coalesce(oldest_due_age, 0) FROM due
 UNION ALL
-SELECT 'unserved', workflow, runs FROM unserved
+-- Labelled `workflow graph_hash` (a hash has no space): the reader splits at the last space.
+SELECT 'unserved', workflow || ' ' || graph_hash, runs FROM unserved
 UNION ALL
 -- Schedules (migration 19): each one's ticks started, skipped and missed (counters kept on
 -- its row) and how late its latest tick's run started. By name, at most 1,000 (a deployment

@@ -33,6 +33,12 @@ SELECT g.hash, g.graph, w.concurrency_field, w.concurrency_limit
 -- name: graph_get
 SELECT hash, graph FROM cyclone_graphs WHERE hash = %(hash)s;
 
+-- name: graph_versions
+-- Every stored graph of these workflows (cyclone/engine/versions.py): a few per deploy.
+SELECT hash, workflow FROM cyclone_graphs
+ WHERE workflow = ANY (%(names)s::text[])
+ ORDER BY created_at, hash;
+
 -- name: run_submit
 -- Create runs and their root steps in one statement. An idempotency key that is already taken
 -- inserts nothing (and so no steps); run_by_key then finds the run that owns it. Each run takes
@@ -298,3 +304,41 @@ WITH lim AS (
 )
 UPDATE cyclone_rate_buckets b SET tokens = least(b.tokens, lim.burst)
   FROM lim WHERE b.name = lim.name;
+
+-- name: patches_register
+-- Registration (cyclone/engine/patches.py): the changes a workflow's handlers name, each kept
+-- with the first time code containing it registered; returns the time of this registration.
+WITH found AS (
+    INSERT INTO cyclone_patches (workflow, patch, registered_at)
+    SELECT %(workflow)s, p, coalesce(%(now)s::timestamptz, now())
+      FROM unnest(%(patches)s::text[]) AS p
+    ON CONFLICT (workflow, patch) DO NOTHING
+)
+SELECT coalesce(%(now)s::timestamptz, now()) AS registered_at;
+
+-- name: run_patched
+-- ctx.patched(): the run's recorded answer for a change, else the answer recorded now: whether
+-- the run was created once code containing the change had registered. A change no registration
+-- found (an id computed at run time) is recorded here, with the time the caller's process
+-- registered its code. The run's row is written only the first time (its lock, as any write's;
+-- the handler holds no other). NULL when a concurrent first call recorded the answer after this
+-- statement's snapshot was taken: the caller asks again.
+WITH fallback AS (
+    INSERT INTO cyclone_patches (workflow, patch, registered_at)
+    VALUES (%(workflow)s, %(patch)s, coalesce(%(registered_at)s::timestamptz, now()))
+    ON CONFLICT (workflow, patch) DO NOTHING
+    RETURNING registered_at
+), since AS (
+    SELECT coalesce((SELECT registered_at FROM fallback),
+                    (SELECT p.registered_at FROM cyclone_patches p
+                      WHERE p.workflow = %(workflow)s AND p.patch = %(patch)s)) AS at
+), answer AS (
+    UPDATE cyclone_runs r
+       SET patches = coalesce(r.patches, '{}'::jsonb)
+                     || jsonb_build_object(%(patch)s::text, r.created_at >= since.at)
+      FROM since
+     WHERE r.id = %(run_id)s AND NOT coalesce(r.patches ? %(patch)s::text, false)
+    RETURNING r.patches -> %(patch)s::text AS patched
+)
+SELECT coalesce((SELECT patched FROM answer), r.patches -> %(patch)s::text) AS patched
+  FROM cyclone_runs r WHERE r.id = %(run_id)s;

@@ -53,7 +53,10 @@ CREATE TABLE cyclone_graphs (
     hash        text PRIMARY KEY,
     workflow    text NOT NULL,
     graph       jsonb NOT NULL,
-    created_at  timestamptz NOT NULL DEFAULT now()
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    -- When a live supervisor last said it serves this graph (`cyclone workflows`), written at
+    -- most once a minute by each (migration 16).
+    served_at   timestamptz
 );
 
 -- The graph new runs of each workflow start with (the last one registered).
@@ -120,7 +123,9 @@ CREATE TABLE cyclone_runs (
     concurrency_limit integer,
     -- Waiting for a slot of its key: state `queued` (or `paused` while it waited). It has no
     -- steps until cyclone_admit admits it.
-    queued          boolean NOT NULL DEFAULT false
+    queued          boolean NOT NULL DEFAULT false,
+    -- ctx.patched()'s answers by change id (migration 16): given once, read by every retry.
+    patches         jsonb
 );
 
 -- Children of a run (cancel and fail go down the tree).
@@ -210,7 +215,10 @@ CREATE TABLE cyclone_steps (
     -- `waiting`: see cyclone_admit_steps).
     node_limit       integer,
     rate_limit       text,
-    held             boolean NOT NULL DEFAULT false
+    held             boolean NOT NULL DEFAULT false,
+    -- Parked by the `unserved` sweep (state `waiting`): its run's graph is served by no live
+    -- supervisor, and it waits out of the lease index until one serves it (migration 16).
+    parked           boolean NOT NULL DEFAULT false
 );
 
 -- One step per node instance: advancing a run twice cannot create a node twice. Its leading
@@ -226,6 +234,8 @@ CREATE INDEX cyclone_steps_available_idx ON cyclone_steps (available_at, id)
 -- inside the index, without a visit to the table.
 CREATE INDEX cyclone_steps_ready_idx ON cyclone_steps (priority, pass, id, available_at)
     WHERE state = 'available';
+-- Parked steps, by run (the `unserved` sweep makes them available again).
+CREATE INDEX cyclone_steps_parked_idx ON cyclone_steps (run_id) WHERE parked AND state = 'waiting';
 -- Sleep wake-ups and max_wait expiry.
 CREATE INDEX cyclone_steps_due_idx ON cyclone_steps (due_at)
     WHERE state = 'waiting' AND due_at IS NOT NULL;
@@ -285,7 +295,17 @@ CREATE TABLE cyclone_supervisors (
     seen_at        timestamptz NOT NULL DEFAULT now(),
     -- The workflows its workers lease for (NULL: a supervisor older than migration 8, taken to
     -- serve every workflow). Runs of a workflow no live supervisor serves are reported.
-    workflows      text[]
+    workflows      text[],
+    -- The graph hashes its workers lease for (migration 16; NULL: every graph of `workflows`).
+    graphs         text[]
+);
+
+-- When code containing each ctx.patched() change first registered (migration 16).
+CREATE TABLE cyclone_patches (
+    workflow      text NOT NULL,
+    patch         text NOT NULL,
+    registered_at timestamptz NOT NULL,
+    PRIMARY KEY (workflow, patch)
 );
 
 -- One row per worker slot of a supervisor: what it holds right now.
@@ -764,9 +784,11 @@ CREATE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
 -- a retry whose backoff ended) is found by a scan from the start, which callers make when a
 -- lease from their point finds nothing, and every FULL_SCAN_EVERY (cyclone/engine/steps.py).
 -- `go` false returns nothing (a lease that must not look); `other_than` skips one run.
+-- `graphs`: the graph hashes the caller's code can run (NULL: any), tested on the run the
+-- scan reads by primary key anyway (migration 16, docs/deploys.md).
 CREATE FUNCTION cyclone_lease_candidate(
     go boolean, other_than uuid, at timestamptz, workflows text[], after_priority smallint,
-    after_pass bigint, after_id bigint
+    after_pass bigint, after_id bigint, graphs text[]
 ) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
                 input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 1
@@ -790,6 +812,7 @@ AS $$
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
+       AND (graphs IS NULL OR r.graph_hash = ANY(graphs))
      ORDER BY s.priority, s.pass, s.id
      LIMIT 1
        FOR UPDATE OF s SKIP LOCKED
@@ -799,7 +822,7 @@ $$;
 -- steps_dispatch); `other_than` skips the runs whose steps the same statement completes.
 CREATE FUNCTION cyclone_lease_candidates(
     want integer, other_than uuid[], at timestamptz, workflows text[], after_priority smallint,
-    after_pass bigint, after_id bigint
+    after_pass bigint, after_id bigint, graphs text[]
 ) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
                 input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
 LANGUAGE sql VOLATILE ROWS 8
@@ -820,6 +843,7 @@ AS $$
        AND (workflows IS NULL OR s.workflow = ANY(workflows))
        AND r.state = 'running'
        AND (r.deadline_at IS NULL OR r.deadline_at > at)
+       AND (graphs IS NULL OR r.graph_hash = ANY(graphs))
      ORDER BY s.priority, s.pass, s.id
      LIMIT greatest(want, 0)
        FOR UPDATE OF s SKIP LOCKED

@@ -123,29 +123,35 @@ SELECT q.*, (SELECT count(*) FROM cyclone_steps WHERE state = 'running') AS runn
 ) AS q;
 
 -- name: _unserved_runs
--- A fragment: running runs, by workflow, that no live supervisor's workers lease: their steps
--- wait with workers idle (a workflow added to a module a SIGHUP could not re-import, say).
--- A supervisor serves the names it publishes (NULL, from before migration 8: every name);
--- %(served)s are names served besides (the asking supervisor's own, its row skipped by
--- %(self_id)s). With no live supervisor at all, nothing is reported: that is another alarm.
-SELECT r.workflow, count(*) AS runs
+-- A fragment: running runs, by workflow and graph version, that no live supervisor's workers
+-- lease: their steps wait with workers idle (a workflow added to a module a SIGHUP could not
+-- re-import, or a version whose VMs were all retired: docs/deploys.md). A supervisor serves the
+-- names it publishes (NULL, from before migration 8: every name) and, of those, the graph
+-- hashes it publishes (NULL, from before migration 16: every graph); %(served)s and
+-- %(graphs)s are what the asking supervisor serves (its row skipped by %(self_id)s; %(graphs)s
+-- NULL: every graph of %(served)s). With no live supervisor at all, nothing is reported: that
+-- is another alarm.
+SELECT r.workflow, r.graph_hash, count(*) AS runs
   FROM cyclone_runs r
- WHERE r.state = 'running' AND r.workflow <> ALL (%(served)s::text[])
+ WHERE r.state = 'running'
+   AND NOT (r.workflow = ANY (%(served)s::text[])
+            AND (%(graphs)s::text[] IS NULL OR r.graph_hash = ANY (%(graphs)s::text[])))
    AND NOT EXISTS (SELECT 1 FROM cyclone_supervisors s
                     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
                       AND s.id IS DISTINCT FROM %(self_id)s::text
-                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows)))
+                      AND (s.workflows IS NULL OR r.workflow = ANY (s.workflows))
+                      AND (s.graphs IS NULL OR r.graph_hash = ANY (s.graphs)))
    AND (cardinality(%(served)s::text[]) > 0
         OR EXISTS (SELECT 1 FROM cyclone_supervisors s
                     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)))
- GROUP BY r.workflow
+ GROUP BY r.workflow, r.graph_hash
 
 -- name: status_unserved
--- Running runs of workflows no live supervisor serves, most runs first.
-SELECT workflow, runs FROM (
+-- Running runs of graph versions no live supervisor serves, most runs first.
+SELECT workflow, graph_hash, runs FROM (
 -- include: _unserved_runs
 ) AS unserved
- ORDER BY runs DESC, workflow
+ ORDER BY runs DESC, workflow, graph_hash
  LIMIT %(limit)s;
 
 -- name: status_dlq_depth
@@ -226,4 +232,33 @@ SELECT name, workflow, next_tick_at, due_at, missed,
   FROM cyclone_schedules
  WHERE NOT paused
  ORDER BY due_at
+ LIMIT %(limit)s;
+
+-- name: workflow_versions
+-- `cyclone workflows`: each workflow's stored graph versions (newest first), whether new runs
+-- start with it (`current`), its live runs (running, paused or queued: counted once over the
+-- live runs, through their indexes), the live supervisors that serve it, when it was first
+-- registered and when a supervisor last said it served it (NULL: never). Read-only.
+WITH live AS (
+    SELECT graph_hash, count(*) AS n FROM (
+        SELECT r.graph_hash FROM cyclone_runs r WHERE r.state IN ('running', 'paused')
+        UNION ALL
+        SELECT r.graph_hash FROM cyclone_runs r WHERE r.state = 'queued'
+    ) AS runs GROUP BY graph_hash
+), sups AS (
+    SELECT s.id, s.workflows, s.graphs FROM cyclone_supervisors s
+     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+)
+SELECT g.workflow, g.hash AS graph_hash, coalesce(w.graph_hash = g.hash, false) AS current,
+       coalesce(live.n, 0) AS live_runs,
+       ARRAY(SELECT sups.id FROM sups
+              WHERE (sups.workflows IS NULL OR g.workflow = ANY (sups.workflows))
+                AND (sups.graphs IS NULL OR g.hash = ANY (sups.graphs))
+              ORDER BY sups.id) AS served_by,
+       g.created_at AS first_seen, g.served_at AS last_served
+  FROM cyclone_graphs g
+  LEFT JOIN cyclone_workflows w ON w.name = g.workflow
+  LEFT JOIN live ON live.graph_hash = g.hash
+ WHERE %(workflow)s::text IS NULL OR g.workflow = %(workflow)s
+ ORDER BY g.workflow, g.created_at DESC, g.hash
  LIMIT %(limit)s;

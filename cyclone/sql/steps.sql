@@ -68,7 +68,8 @@ candidate AS (
     SELECT * FROM cyclone_lease_candidate(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
                coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[],
-               %(after_priority)s::smallint, %(after_pass)s::bigint, %(after_id)s::bigint)
+               %(after_priority)s::smallint, %(after_pass)s::bigint, %(after_id)s::bigint,
+               %(graphs)s::text[])
 ), leased AS (
     UPDATE cyclone_steps s
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
@@ -218,7 +219,7 @@ WITH c AS (
                CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
                (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
                %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
-               %(after_id)s::bigint)
+               %(after_id)s::bigint, %(graphs)s)
 ), done AS (
     UPDATE cyclone_steps s
        SET state = 'completed', output = c.output,

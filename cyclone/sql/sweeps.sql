@@ -252,3 +252,61 @@ SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timest
  ORDER BY due_at
  LIMIT %(batch_size)s
    FOR UPDATE SKIP LOCKED;
+
+-- name: sweep_unserved
+-- Steps of runs whose graph no live supervisor serves (engine/versions.py) leave the lease
+-- index, parked (state `waiting`): a lease would otherwise walk over them every time, and a
+-- retired version's runs can wait for days. Steps parked so whose graph a live supervisor serves
+-- again become available. A supervisor serves a run when it names the run's workflow and graph
+-- (NULL: every workflow, every graph of its workflows: one older than migration 16). With no
+-- live supervisor at all nothing is parked: that is another alarm, and nothing leases anyway.
+-- What it reads: the running runs (cyclone_runs_live_idx), each tested against the few live
+-- supervisors; the steps of the unserved ones by run_id (OFFSET 0 keeps that lookup on the
+-- run's index whatever the statistics say, as in cyclone_lease_candidate); the parked steps
+-- (cyclone_steps_parked_idx), none while every version is served. An unserved run with a step
+-- to park is locked first (SKIP LOCKED), as every writer of a run's steps does. The steps are
+-- written by `= ANY (array)` of their ids: a walk of the primary key, where a join to the CTE
+-- let the planner walk every available step (cyclone_steps_ready_idx) for it.
+WITH live AS MATERIALIZED (
+    SELECT s.workflows, s.graphs FROM cyclone_supervisors s
+     WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
+), unserved AS MATERIALIZED (
+    SELECT r.id FROM cyclone_runs r
+     WHERE r.state = 'running' AND EXISTS (SELECT 1 FROM live)
+       AND NOT EXISTS (SELECT 1 FROM live
+                        WHERE (live.workflows IS NULL OR r.workflow = ANY (live.workflows))
+                          AND (live.graphs IS NULL OR r.graph_hash = ANY (live.graphs)))
+       AND EXISTS (SELECT 1 FROM (SELECT st.state FROM cyclone_steps st
+                                   WHERE st.run_id = r.id OFFSET 0) AS st
+                    WHERE st.state = 'available')
+     LIMIT %(batch_size)s
+       FOR NO KEY UPDATE SKIP LOCKED
+), due AS MATERIALIZED (
+    SELECT st.id FROM unserved u,
+           LATERAL (SELECT st.id, st.state FROM cyclone_steps st
+                     WHERE st.run_id = u.id OFFSET 0) AS st
+     WHERE st.state = 'available'
+), parked AS (
+    UPDATE cyclone_steps s SET state = 'waiting', parked = true
+     WHERE s.id = ANY (ARRAY(SELECT due.id FROM due)) AND s.state = 'available'
+    RETURNING s.id
+), back AS MATERIALIZED (
+    SELECT st.id
+      FROM cyclone_steps st
+      JOIN LATERAL (SELECT r.workflow, r.graph_hash FROM cyclone_runs r
+                     WHERE r.id = st.run_id OFFSET 0) AS r ON true
+     WHERE st.parked AND st.state = 'waiting'
+       AND EXISTS (SELECT 1 FROM live
+                    WHERE (live.workflows IS NULL OR r.workflow = ANY (live.workflows))
+                      AND (live.graphs IS NULL OR r.graph_hash = ANY (live.graphs)))
+     LIMIT %(batch_size)s
+       FOR UPDATE OF st SKIP LOCKED
+), unparked AS (
+    UPDATE cyclone_steps s
+       SET state = 'available', parked = false,
+           available_at = greatest(s.available_at, coalesce(%(now)s::timestamptz, now()))
+     WHERE s.id = ANY (ARRAY(SELECT back.id FROM back)) AND s.state = 'waiting' AND s.parked
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM parked)::integer AS parked,
+       (SELECT count(*) FROM unparked)::integer AS unparked;

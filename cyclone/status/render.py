@@ -79,11 +79,16 @@ def _header(snap: Snapshot) -> Text:
 
 
 def unserved_warning(snap: Snapshot) -> Text:
-    """Runs whose workflow no live supervisor serves wait with workers idle: say so first."""
-    named = ", ".join(f"{r['workflow']} ({r['runs']})" for r in snap.unserved)
+    """Runs whose graph version no live supervisor serves wait with workers idle: say so
+    first, with the version they need (`cyclone workflows` lists them)."""
+    named = ", ".join(
+        f"{r['workflow']} version {(r.get('graph_hash') or '?')[:12]} ({r['runs']})"
+        for r in snap.unserved
+    )
     return Text(
-        f"no worker serves: {named} running run(s); load their module ([workflows] modules)"
-        " and restart: a reload does not re-import a module",
+        f"no worker serves: {named} running run(s); deploy code that has their nodes (a VM of"
+        " that version: `cyclone workflows`), or load their module ([workflows] modules) and"
+        " restart: a reload does not re-import a module",
         style="bold yellow",
     )
 

@@ -76,7 +76,8 @@ def take_snapshot(
             "status_deadline_failures": {"limit": rows},
             "status_paused_runs": {"limit": rows},
             "status_unserved": {
-                "limit": rows, "served": [], "self_id": None, "lost_after": LOST_AFTER,
+                "limit": rows, "served": [], "graphs": None, "self_id": None,
+                "lost_after": LOST_AFTER,
             },
             "status_schedules": {"limit": rows},
         }  # fmt: skip

@@ -265,6 +265,7 @@ class Dispatcher:
         *,
         workflows: Callable[[], Sequence[str]],
         lease_ttl: float,
+        graphs: Callable[[], Sequence[str] | None] | None = None,
         watch: Callable[[int], None] | None = None,
         unwatch: Callable[[int], None] | None = None,
         sessions: int = SESSIONS,
@@ -284,6 +285,8 @@ class Dispatcher:
         self.armed = False  # the flag is set for us, as far as we know (no notification since)
         self.arm = False  # the parked wait for the flag to be set, then for one more look
         self.workflows = workflows
+        # The graph versions its code can run (engine/versions.py): only their steps are leased.
+        self.graphs = graphs or (lambda: None)
         # [supervisor] queues' caps: at most so many of this VM's workers hold a step of each
         # capped queue (`capped`); a workflow's queue.
         self.caps = caps or (lambda: {})
@@ -493,7 +496,7 @@ class Dispatcher:
         ahead = self.ahead(arbiter, leasing) if room is None else []
         params = dispatch_params(
             finished, [f"{self.host}:{h.pid}" for h in leasing] + ahead,
-            workflows=workflows, lease_ttl=self.lease_ttl,
+            workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()

@@ -102,7 +102,8 @@ class DatabaseGauges(Collector):
             with self.connect() as conn:
                 rows = conn.execute(
                     QUERIES["metrics_gauges"],
-                    {"cap": MAX_DUE_COUNT, "lost_after": LOST_AFTER, "served": [], "self_id": None},
+                    {"cap": MAX_DUE_COUNT, "lost_after": LOST_AFTER, "served": [],
+                     "graphs": None, "self_id": None},
                 ).fetchall()
                 ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
         except psycopg.Error as exc:
@@ -132,7 +133,10 @@ class DatabaseGauges(Collector):
             if metric == "throttled":  # nodes of one limiter: one row each, added up
                 reading.throttled[label] = reading.throttled.get(label, 0) + int(value)
                 continue
-            target = {"dlq": reading.dlq, "runs": reading.runs, "unserved": reading.unserved}
+            if metric == "unserved":  # `workflow graph_hash`
+                reading.unserved[label] = int(value)
+                continue
+            target = {"dlq": reading.dlq, "runs": reading.runs}
             target[metric][label] = int(value)
         reading.ages = {row["metric"]: float(row["value"]) for row in ages}
         self.reading = reading
@@ -167,15 +171,18 @@ class DatabaseGauges(Collector):
         )  # fmt: skip
         unserved = GaugeMetricFamily(
             "cyclone_runs_unserved",
-            "Running runs of a workflow that no live supervisor's workers lease",
-            labels=["workflow"],
+            "Running runs of a workflow's graph version that no live supervisor's workers lease",
+            labels=["workflow", "graph"],
         )  # fmt: skip
         if reading.up:
             due.add_metric([], reading.due)
             oldest.add_metric([], reading.oldest_due_age)
             # Any client may register a workflow name: the series are capped (labels.py).
-            for workflow, count in top(reading.unserved, MAX_WORKFLOWS):
-                unserved.add_metric([workflow], count)
+            for label, count in top(reading.unserved, MAX_WORKFLOWS):
+                workflow, space, graph = label.rpartition(" ")
+                if not space:  # `other`: the versions past the cap, summed
+                    workflow, graph = label, label
+                unserved.add_metric([workflow, graph], count)
         throttled = GaugeMetricFamily(
             "cyclone_steps_throttled",
             "Steps held back by a node's limit: kind concurrency (limit: workflow/node) or rate "

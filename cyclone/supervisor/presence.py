@@ -64,6 +64,7 @@ class Snapshot:
     uptime: float
     workers: list[dict[str, Any]] = field(default_factory=list)
     workflows: list[str] | None = None  # the names its workers lease; None: not known
+    graphs: list[str] | None = None  # the graph hashes they lease (engine/versions.py)
 
     def params(self, supervisor_id: str, host: str, pid: int) -> dict[str, Any]:
         columns = ("slot", "pid", "step_id", "run_id", "workflow", "node", "attempt", "busy_for")
@@ -74,6 +75,7 @@ class Snapshot:
         params.update(
             id=supervisor_id, host=host, pid=pid, target=self.target, uptime=self.uptime,
             state="draining" if self.draining else "running", served=self.workflows,
+            graphs=self.graphs,
         )  # fmt: skip
         return params
 
@@ -86,6 +88,7 @@ def snapshot(
     uptime: float,
     now: float,
     workflows: Iterable[str] | None = None,
+    graphs: Iterable[str] | None = None,
 ) -> Snapshot:
     """One row per worker slot. During a reload an old and a new worker can share a slot
     number for a moment: the busy one (then the newer one) is shown."""
@@ -109,7 +112,10 @@ def snapshot(
             "busy_for": max(now - lease.leased_at, 0.0) if lease else None,
         })  # fmt: skip
     served = None if workflows is None else sorted(workflows)
-    return Snapshot(draining=draining, target=target, uptime=uptime, workers=rows, workflows=served)
+    return Snapshot(
+        draining=draining, target=target, uptime=uptime, workers=rows, workflows=served,
+        graphs=None if graphs is None else list(graphs),
+    )  # fmt: skip
 
 
 Connect = Callable[[], psycopg.Connection[Any]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import psycopg
@@ -64,31 +65,49 @@ def describe_reload(old: Settings, new: Settings) -> list[str]:
 
 
 def unserved_runs(
-    conn: psycopg.Connection[Any], served: Iterable[str], self_id: str | None
+    conn: psycopg.Connection[Any],
+    served: Iterable[str],
+    self_id: str | None,
+    graphs: Iterable[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Running runs by workflow that neither `served` nor another live supervisor serves."""
+    """Running runs by workflow and graph version that neither this supervisor (`served`
+    workflows, of them `graphs`: None, all) nor another live supervisor serves."""
     params = {
         "served": sorted(served), "self_id": self_id, "lost_after": LOST_AFTER,
-        "limit": MAX_NAMED,
+        "limit": MAX_NAMED, "graphs": None if graphs is None else sorted(graphs),
     }  # fmt: skip
     return [dict(r) for r in conn.execute(QUERIES["status_unserved"], params).fetchall()]
 
 
 def warn_unserved(
-    connect: Callable[[], psycopg.Connection[Any]], served: Iterable[str], self_id: str | None
+    connect: Callable[[], AbstractContextManager[psycopg.Connection[Any]]],
+    served: Iterable[str],
+    self_id: str | None,
+    graphs: Iterable[str] | None = None,
+    told: set[tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Log a warning naming the workflows whose running runs no worker serves; returns them."""
+    """Log a warning naming the workflows (and graph versions) whose running runs no worker
+    serves; returns them. With `told`, the versions already named there are not named again
+    (it is updated: a version served again leaves it, to be named if it recurs)."""
     try:
         with connect() as conn:
-            found = unserved_runs(conn, served, self_id)
+            found = unserved_runs(conn, served, self_id, graphs)
     except psycopg.Error as exc:
         log.warning("cannot check for runs no worker serves: %s", exc)
         return []
+    if told is not None:
+        now = {(r["workflow"], r["graph_hash"]) for r in found}
+        found = [r for r in found if (r["workflow"], r["graph_hash"]) not in told]
+        told.intersection_update(now)
+        told.update(now)
     if found:
-        named = ", ".join(f"{r['workflow']} ({r['runs']} runs)" for r in found)
+        named = ", ".join(
+            f"{r['workflow']} version {r['graph_hash'][:12]} ({r['runs']} runs)" for r in found
+        )
         log.warning(
-            "running runs of workflows no worker serves wait with workers idle: %s; "
-            "list their module in [workflows] modules, or restart if it is already listed "
-            "(a reload does not re-import a module)", named, extra={"action": "unserved"},
+            "running runs no worker serves wait with workers idle: %s; deploy code that has "
+            "their nodes (`cyclone workflows` lists the versions), or list their module in "
+            "[workflows] modules and restart if it is already listed (a reload does not "
+            "re-import a module)", named, extra={"action": "unserved"},
         )  # fmt: skip
     return found

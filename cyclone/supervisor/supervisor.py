@@ -27,6 +27,7 @@ from cyclone.child.lease import RenewalBoard
 from cyclone.child.proctitle import set_title, supervisor_title
 from cyclone.child.session import connect_briefly
 from cyclone.config import Settings, load_config
+from cyclone.engine.versions import Served
 from cyclone.errors import ConfigError
 from cyclone.notify import Notifier
 from cyclone.outage import OutageLog
@@ -66,6 +67,8 @@ OWN_SETTLE = 0.02
 # The database gauges of /metrics are read inside the loop: their query gets less time than
 # the supervisor's writes do.
 METRICS_STATEMENT_TIMEOUT_MS = 1000
+# Runs that no live VM serves (a version retired with runs in flight) are looked for this often.
+UNSERVED_CHECK_EVERY = 30.0
 # A presence upsert touches a handful of rows; it must never hold the loop long.
 PRESENCE_STATEMENT_TIMEOUT_MS = 500
 
@@ -169,8 +172,13 @@ class Supervisor:
         self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
         self.notifier = Notifier()
         self.started_at = time.monotonic()
+        self.served = Served(self.registry)
+        # Versions whose runs no VM serves, named in the log once each (warn_unserved).
+        self.unserved_told: set[tuple[str, str]] = set()
+        self.unserved_checked = 0.0
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
+            graphs=lambda: self.served.graphs,
             watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
             unwatch=self.unwatch, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
@@ -220,6 +228,7 @@ class Supervisor:
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
+        self.refresh_graphs()
         self.warn_unserved()
         self.arbiter.start()
         # Config, database and schema were checked before we got here, the metrics socket is
@@ -325,10 +334,16 @@ class Supervisor:
         now = time.monotonic()
         if self.arbiter.finished or not self.presence.due(now, self.arbiter.next_kill_at()):
             return
+        if self.served.due() and self.presence.session.alive:
+            self.refresh_graphs(self.presence.session.get)
+        if now - self.unserved_checked >= UNSERVED_CHECK_EVERY and self.presence.session.alive:
+            # A version whose last VM was retired since: said once, when first seen. On the
+            # kept session (its short statement timeout): the loop must not wait on a connect.
+            self.warn_unserved(lambda: contextlib.nullcontext(self.presence.session.get()))
         snap = snapshot(
             self.arbiter.children.values(), draining=self.arbiter.draining,
             target=self.arbiter.target, uptime=now - self.started_at, now=now,
-            workflows=self.registry,
+            workflows=self.registry, graphs=self.served.graphs,
         )  # fmt: skip
         if self.presence.publish(snap, now):
             # Its publishes are the loop's own regular database calls: they tell when the
@@ -337,6 +352,24 @@ class Supervisor:
         else:
             self.arbiter.database_failed()
         self.notifier.update(self.status_line())
+
+    def refresh_graphs(self, kept: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
+        """Look again at which graph versions our code can run (engine/versions.py), on the
+        presence session `kept` (else a brief connection); on an error, keep what we had."""
+        before = set(self.served.graphs)
+        try:
+            if kept is not None:
+                self.served.refresh(kept())
+            else:
+                with connect_briefly(self.dsn, PRESENCE_STATEMENT_TIMEOUT_MS) as conn:
+                    self.served.refresh(conn)
+        except psycopg.Error as exc:
+            log.warning("cannot look up graph versions: %s", exc, extra={"action": "versions"})
+            return
+        added = [g for g in self.served.graphs if g not in before]
+        if added and self.presence.published:
+            log.info("now serving graph versions: %s", ", ".join(g[:12] for g in added),
+                     extra={"action": "versions"})  # fmt: skip
 
     def status_line(self) -> str:
         workers = self.arbiter.workers()
@@ -460,6 +493,8 @@ class Supervisor:
             except (ImportError, psycopg.Error) as exc:
                 raise ConfigError(f"[workflows] modules: {exc}") from exc
         self.registry = serving(self.loaded, settings)
+        self.served = Served(self.registry)
+        self.refresh_graphs()
         self.settings = settings
         self.dispatcher.lease_ttl = settings.worker.lease_ttl
         self.dispatcher.poll = settings.worker.poll_interval
@@ -468,7 +503,10 @@ class Supervisor:
         self.warn_unserved()
         return arbiter_config(settings), ChildBuilder(settings, self.dsn, self.registry, self.board)
 
-    def warn_unserved(self) -> None:
-        """Name the workflows whose running runs no worker (ours or another live
-        supervisor's) serves: they would wait silently."""
-        warn_unserved(lambda: connect_briefly(self.dsn), self.registry, self.presence.id)
+    def warn_unserved(self, connect: Callable[[], Any] | None = None) -> None:
+        """Name the workflows (and versions) whose running runs no worker (ours or another
+        live supervisor's) serves: they would wait silently. Each version once (until it is
+        served again)."""
+        warn_unserved(connect or (lambda: connect_briefly(self.dsn)), self.registry,
+                      self.presence.id, self.served.graphs, self.unserved_told)  # fmt: skip
+        self.unserved_checked = time.monotonic()

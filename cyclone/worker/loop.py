@@ -30,6 +30,7 @@ from cyclone.context import CancelEvent, Effects
 from cyclone.db import connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
+from cyclone.engine.versions import Served
 from cyclone.states import NodeKind
 from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
@@ -96,6 +97,9 @@ class Worker:
         self.workflows = (
             tuple(registry) if options.own_workflows is None else options.own_workflows
         )
+        # The graph versions its code can run (engine/versions.py), looked up again now and
+        # then: what it leases on its own is only ever steps of those.
+        self.served = Served(registry.only(lambda wf: wf.name in self.workflows))
         self.own_until = 0.0  # leasing on its own until then, though dispatch is on
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
@@ -256,12 +260,24 @@ class Worker:
         try:
             return engine.lease_step(
                 self.db(), worker=self.name, workflows=self.workflows,
-                lease_ttl=self.options.lease_ttl,
+                lease_ttl=self.options.lease_ttl, graphs=self.graphs(),
             )  # fmt: skip
         except psycopg.OperationalError as exc:
             # Nothing held, nothing at stake: the supervisor respawns us with backoff.
             log.error("worker %d lost its database: %s", self.options.number, exc)
             raise ChildExit(ExitCode.BOOT_ERROR) from None
+
+    def graphs(self) -> tuple[str, ...]:
+        """The graphs this worker may lease steps of (a failed look-up keeps the last)."""
+        if self.served.due():
+            try:
+                self.served.refresh(self.db())
+            except psycopg.Error as exc:
+                if isinstance(exc, psycopg.OperationalError):
+                    raise
+                log.warning("worker %d: cannot look up graph versions: %s",
+                            self.options.number, exc)  # fmt: skip
+        return self.served.graphs
 
     def dispatching(self) -> bool:
         return self.options.dispatch and time.monotonic() >= self.own_until
@@ -406,7 +422,7 @@ class Worker:
                 self.lease_sent = time.monotonic()
                 return runner.record_and_lease(
                     self.db(), lease, outcome, worker=self.name, workflows=self.workflows,
-                    lease_ttl=self.options.lease_ttl,
+                    lease_ttl=self.options.lease_ttl, graphs=self.graphs(),
                 )  # fmt: skip
             except psycopg.OperationalError as exc:
                 self.check_trust(lease, renewed_at, exc)

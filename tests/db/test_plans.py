@@ -200,7 +200,7 @@ def _lease_params(b: Backlog | None, **extra: Any) -> dict[str, Any]:
     return {
         "lease": True, "other_than": None, "worker": "plans", "ttl": 30.0, "now": None,
         "workflows": text_array((one.name, chain.name)), **dict.fromkeys(FLOOR_KEYS),
-        **extra,
+        "graphs": text_array((one.graph.hash, chain.graph.hash)), **extra,
     }  # fmt: skip
 
 
@@ -245,7 +245,7 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
                          b.leases["one"].run_id, None, last=True),
             ],
             ["plans:1", "plans:2", "plans:3"], workflows=(one.name, chain.name),
-            lease_ttl=30.0,
+            lease_ttl=30.0, graphs=(one.graph.hash, chain.graph.hash),
         ),
         **dict.fromkeys(FLOOR_KEYS),
     },
@@ -306,6 +306,13 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
+    # Nothing is parked and no supervisor is live: it reads nothing.
+    "sweep_unserved": lambda b: {"batch_size": 500, "now": None, "lost_after": 10.0},
+    # ctx.patched()'s first call in a run: the change's row and the run's, by their keys.
+    "run_patched": lambda b: {
+        "run_id": b.leases["one"].run_id, "workflow": one.name, "patch": "plans-change",
+        "registered_at": None,
+    },
     # What an operator reads during an incident.
     "run_list": lambda b: {"state": None, "workflow": None, "limit": 50},
     "run_get": lambda b: {"run_id": b.leases["one"].run_id},
@@ -322,10 +329,10 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     # Counts of live runs: their cost follows the live runs counted, never the history.
     "status_runs_by_state": lambda b: {"window": 3600.0},
     "metrics_gauges": lambda b: {
-        "cap": 10_000, "lost_after": 30.0, "served": [], "self_id": None,
+        "cap": 10_000, "lost_after": 30.0, "served": [], "graphs": None, "self_id": None,
     },
     "status_unserved": lambda b: {
-        "served": [], "lost_after": 30.0, "self_id": None, "limit": 20,
+        "served": [], "graphs": None, "lost_after": 30.0, "self_id": None, "limit": 20,
     },
     # Waking (migration 22): the flag, and the scanner's look ahead at the next time due.
     "wake_arm": lambda b: {},

@@ -67,11 +67,12 @@ def test_runs_of_workflows_no_live_supervisor_serves_are_named(env: TestEnv) -> 
     assert take_snapshot(env.conn).unserved == []  # no supervisor at all: another alarm
     publish(env, "sup-a", ["queue-served"])
     snap = take_snapshot(env.conn)
-    assert snap.unserved == [{"workflow": "queue-orphan", "runs": 2}]
-    assert 'cyclone_runs_unserved{workflow="queue-orphan"} 2.0' in gauges(env)
-    console = Console(width=80, record=True)
+    version = orphan.graph.hash
+    assert snap.unserved == [{"workflow": "queue-orphan", "graph_hash": version, "runs": 2}]
+    assert f'cyclone_runs_unserved{{graph="{version}",workflow="queue-orphan"}} 2.0' in gauges(env)
+    console = Console(width=200, record=True)
     console.print(render(snap))
-    assert "no worker serves: queue-orphan (2)" in console.export_text()
+    assert f"no worker serves: queue-orphan version {version[:12]} (2)" in console.export_text()
     # The asking supervisor's own list counts, its published row aside.
     assert unserved_runs(env.conn, ["queue-orphan"], "sup-a")[0]["workflow"] == "queue-served"
     # A supervisor from before the list was published serves, as far as anyone knows, all.

@@ -182,7 +182,7 @@ def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     names = [s.name for s in make_sweeps(options)]
     assert names == [
         "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
-        "stale_supervisors", "held_steps", "fair_clock", "schedules",
+        "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules",
     ]  # fmt: skip
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
     assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)
@@ -192,7 +192,7 @@ def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
 # the supervisor's metrics and operators' log queries read them, so they never change.
 LABELS = [
     "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
-    "stale_supervisors", "held_steps", "fair_clock", "schedules", "retention",
+    "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules", "retention",
 ]  # fmt: skip
 
 

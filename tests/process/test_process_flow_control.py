@@ -26,7 +26,9 @@ def test_queues_keys_and_node_limits_hold_across_two_supervisors(
     for run_id in keyed + narrow:
         wait_for(lambda r=run_id: completed(env, r), 60, f"run {run_id} to complete")
     assert env.client.get_run(mail).state == "running"
-    assert env.client.steps(mail)[0].state == "available"
+    # Its step waits in the lease index, or parked out of it once the scanner's `unserved`
+    # sweep saw no live VM serving its workflow (docs/deploys.md).
+    assert env.client.steps(mail)[0].state in ("available", "waiting")
     keyed_spans = spans(tmp_path, flow_keyed.name)
     assert len(keyed_spans) == 6
     for key in ("k0", "k1"):

@@ -26,16 +26,19 @@ def test_a_reload_warns_about_runs_no_worker_serves_until_their_module_is_loaded
     wait_for(lambda: "no worker serves wait" in sup.log(), 10, f"the warning\n{sup.log()}")
     log = sup.log()
     assert "reload cannot change" in log and "code of modules already imported" in log
-    assert "trust-fanout (1 runs)" in log
+    version = fanout.graph.hash
+    assert f"trust-fanout version {version[:12]} (1 runs)" in log
     wait_for(
-        lambda: sup.sample("cyclone_runs_unserved", workflow="trust-fanout") == 1, 10,
-        "the unserved gauge",
+        lambda: sup.sample("cyclone_runs_unserved", workflow="trust-fanout", graph=version) == 1,
+        10, "the unserved gauge",
     )  # fmt: skip
     status = subprocess.run(
         [sys.executable, "-m", "cyclone.cli", "--dsn", env.dsn, "status", "--json"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    assert json.loads(status.stdout)["unserved"] == [{"workflow": "trust-fanout", "runs": 1}]
+    assert json.loads(status.stdout)["unserved"] == [
+        {"workflow": "trust-fanout", "graph_hash": version, "runs": 1}
+    ]
     # Listing the module and reloading serves it: the run completes, the warning goes.
     settings = {
         "supervisor.workers": "1",

@@ -90,9 +90,12 @@ def test_active_leases_show_the_busiest_workflows_and_the_rest_as_other() -> Non
 
 
 def test_unserved_runs_by_workflow_are_capped() -> None:
-    unserved = {f"client-wf-{i}": 1 for i in range(MAX_WORKFLOWS + 50)}
+    unserved = {f"client-wf-{i} {i:032x}": 1 for i in range(MAX_WORKFLOWS + 50)}
     reading = Reading(at=0.0, up=True, unserved=unserved)
     (family,) = [f for f in DatabaseGauges.families(reading) if f.name == "cyclone_runs_unserved"]
     labels = [sample.labels["workflow"] for sample in family.samples]
     assert len(labels) == len(set(labels)) == MAX_WORKFLOWS + 1
     assert sum(sample.value for sample in family.samples) == MAX_WORKFLOWS + 50
+    # Each sample names the version its runs need; those past the cap are `other`.
+    graphs = {sample.labels["workflow"]: sample.labels["graph"] for sample in family.samples}
+    assert graphs["client-wf-0"] == f"{0:032x}" and graphs[OTHER] == OTHER
