@@ -184,11 +184,7 @@ class Scanner:
             self.listening = conn  # the sweeps' session was opened anew
             self.listening.execute(LISTEN)
         horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
-        params = {"horizon": horizon, "since": self.since}
-        conn.execute(QUERIES["wake_timer"], params)
-        # A time set before that write, by a transaction still in progress, notified nobody:
-        # once those have ended, the next look sees it.
-        conn.execute(QUERIES["wake_settle"], {"most": SETTLE_MOST})
+        params = {"horizon": horizon, "since": self.since, "most": SETTLE_MOST}
         row = conn.execute(QUERIES["wake_timer"], params).fetchone()
         wait = row["wait"] if row is not None else None
         if wait is None or wait >= horizon:

@@ -17,8 +17,8 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_queues, {schema}.cyclone_rate_l
       {schema}.cyclone_rate_buckets TO {runtime};
 -- Schedules (migration 19): the sweep ticks them, clients and the CLI manage them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_schedules TO {runtime};
--- Waking (migration 22): supervisors set the flag, writers of ready steps clear it.
-GRANT SELECT, UPDATE ON {schema}.cyclone_wake TO {runtime};
+-- Waking (migration 22): supervisors set the flag, writers of ready steps clear it (setval).
+GRANT UPDATE ON SEQUENCE {schema}.cyclone_wake_ready, {schema}.cyclone_wake_timer TO {runtime};
 -- Runs: only the columns its statements change (migration 15). Not created_at, input, parent
 -- or key, which say what the run was; finished_at only at the current time (a trigger). The
 -- REVOKE takes back the whole-table UPDATE that grants printed before version 15 gave.

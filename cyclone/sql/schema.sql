@@ -985,25 +985,24 @@ CREATE INDEX cyclone_schedules_due ON cyclone_schedules (due_at) WHERE NOT pause
 
 ------------------------------------------------------------------------------------------------
 -- Waking (migration 22): a step made ready notifies cyclone_ready while a supervisor waits for
--- work (`wanted`, cleared by the first writer that finds it set); a time that comes due within a
--- minute, earlier than the scanner means to wake (`timer_at`), notifies cyclone_timer.
+-- work (cyclone_wake_ready at 1, cleared by the first writer that finds it set); a time that
+-- comes due within a minute, earlier than the scanner means to wake (cyclone_wake_timer, epoch
+-- milliseconds), notifies cyclone_timer.
 ------------------------------------------------------------------------------------------------
 
-CREATE TABLE cyclone_wake (
-    one      boolean PRIMARY KEY DEFAULT true CHECK (one),
-    wanted   boolean NOT NULL DEFAULT false,
-    timer_at timestamptz
-);
-INSERT INTO cyclone_wake DEFAULT VALUES;
+CREATE SEQUENCE cyclone_wake_ready MINVALUE 0 MAXVALUE 1 START 0 NO CYCLE;
+SELECT setval('cyclone_wake_ready', 0, true);
+CREATE SEQUENCE cyclone_wake_timer MINVALUE 0 START 0 NO CYCLE;
+SELECT setval('cyclone_wake_timer', 0, true);
 
--- A supervisor waits for ready steps (then it calls cyclone_wake_settle, and looks once more).
-CREATE FUNCTION cyclone_wake_arm() RETURNS text LANGUAGE sql AS $$
-    UPDATE cyclone_wake SET wanted = true WHERE NOT wanted;
-    SELECT 'armed';
+-- A time as the triggers compare it with cyclone_wake_timer.
+CREATE FUNCTION cyclone_epoch_ms(at timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (extract(epoch FROM at) * 1000)::bigint
 $$;
 
 -- Wait until every transaction in progress now has ended, at most `most` seconds: one that
--- read the flag (or `timer_at`) before it was set commits first. Returns whether all did.
+-- read the flag (or the scanner's time) before it was set commits first. Returns whether all did.
 CREATE FUNCTION cyclone_wake_settle(most float8) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     busy xid8[] := ARRAY(SELECT pg_snapshot_xip(pg_current_snapshot()));
@@ -1024,38 +1023,46 @@ BEGIN
 END
 $$;
 
--- The scanner sleeps until the next time due (cyclone_next_due), which it writes; returns how
--- long that is from now, in seconds. (It settles, then calls this again before it sleeps.)
-CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz) RETURNS float8
-LANGUAGE plpgsql AS $$
-DECLARE
-    at timestamptz;
+-- A supervisor waits for ready steps; returns once a step made ready before is committed, so
+-- that its next look finds it (settled within `most` seconds).
+CREATE FUNCTION cyclone_wake_arm(most float8) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE cyclone_wake SET timer_at = cyclone_next_due(horizon, since) RETURNING timer_at INTO at;
-    RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
+    PERFORM setval('cyclone_wake_ready', 1, true);
+    RETURN cyclone_wake_settle(most);
 END
 $$;
 
 -- Wake a waiting supervisor, if one waits (the scanner calls it too, as a retry comes due).
 CREATE FUNCTION cyclone_wake_ready() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF (SELECT wanted FROM cyclone_wake) THEN
-        UPDATE cyclone_wake SET wanted = false
-         WHERE one IN (SELECT one FROM cyclone_wake WHERE wanted FOR UPDATE SKIP LOCKED);
+    IF pg_sequence_last_value('cyclone_wake_ready') = 1 THEN
+        PERFORM setval('cyclone_wake_ready', 0, true);
         PERFORM pg_notify('cyclone_ready', '');
     END IF;
 END
 $$;
 
--- Wake the scanner for `at`, if it sleeps past it.
+-- The scanner sleeps until the next time due (cyclone_next_due): it writes it, waits for the
+-- transactions in progress (one may have set an earlier time and found the old one), looks
+-- again; returns how long from now, in seconds.
+CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz, most float8)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    at timestamptz := cyclone_next_due(horizon, since);
+BEGIN
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    PERFORM cyclone_wake_settle(most);
+    at := least(at, cyclone_next_due(horizon, since));
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
+END
+$$;
+
+-- Wake the scanner for `at` (the triggers call it only when it sleeps past it).
 CREATE FUNCTION cyclone_wake_timer(at timestamptz) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF at < (SELECT timer_at FROM cyclone_wake) THEN
-        UPDATE cyclone_wake SET timer_at = at
-         WHERE one IN (SELECT one FROM cyclone_wake WHERE timer_at > at
-                        FOR UPDATE SKIP LOCKED);
-        PERFORM pg_notify('cyclone_timer', '');
-    END IF;
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    PERFORM pg_notify('cyclone_timer', '');
 END
 $$;
 
@@ -1065,25 +1072,39 @@ BEGIN
         PERFORM cyclone_wake_timer(NEW.due_at);
     ELSIF NEW.available_at > now() THEN
         PERFORM cyclone_wake_timer(NEW.available_at);
-    ELSIF (SELECT wanted FROM cyclone_wake) THEN
-        PERFORM cyclone_wake_ready();  -- read there again: another may have cleared it
+    ELSE
+        PERFORM cyclone_wake_ready();
     END IF;
     RETURN NULL;
 END
 $$;
 
+-- Called only when its WHEN says someone is to be woken: a step made ready while a supervisor
+-- waits, or a time earlier than the scanner's.
 CREATE TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
     FOR EACH ROW
-    WHEN (NEW.state = 'available'
-          OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
+    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
+           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
+          OR (((NEW.state = 'available' AND NEW.available_at > now())
+               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
+              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
+                                                  ELSE NEW.available_at END)
+                  < pg_sequence_last_value('cyclone_wake_timer')))
     EXECUTE FUNCTION cyclone_steps_wake();
 
 CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF state, available_at, due_at
     ON cyclone_steps FOR EACH ROW
-    WHEN ((NEW.state = 'available'
-           AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at))
-          OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
-              AND (OLD.state <> 'waiting' OR OLD.due_at IS DISTINCT FROM NEW.due_at)))
+    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
+           AND OLD.state <> 'available'
+           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
+          OR (((NEW.state = 'available'
+                AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at)
+                AND NEW.available_at > now())
+               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
+                   AND (OLD.state <> 'waiting' OR OLD.due_at IS DISTINCT FROM NEW.due_at)))
+              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
+                                                  ELSE NEW.available_at END)
+                  < pg_sequence_last_value('cyclone_wake_timer')))
     EXECUTE FUNCTION cyclone_steps_wake();
 
 CREATE FUNCTION cyclone_runs_wake() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -1093,9 +1114,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at
-    ON cyclone_runs FOR EACH ROW
-    WHEN (NEW.deadline_at < now() + interval '1 minute')
+CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at ON cyclone_runs
+    FOR EACH ROW
+    WHEN (NEW.deadline_at < now() + interval '1 minute'
+          AND cyclone_epoch_ms(NEW.deadline_at) < pg_sequence_last_value('cyclone_wake_timer'))
     EXECUTE FUNCTION cyclone_runs_wake();
 
 -- The earliest time after `since`, within `horizon` seconds of now, at which something comes

@@ -3,13 +3,9 @@
 
 -- name: wake_arm
 -- A supervisor waits for ready steps: the next writer of one notifies cyclone_ready (and
--- clears the flag). Run alone (committed), then wake_settle, then the supervisor looks again.
-SELECT cyclone_wake_arm() AS armed;
-
--- name: wake_settle
--- Wait (at most %(most)s seconds) for the transactions in progress to end: those that read the
--- flag or `timer_at` before it was set have committed once this returns.
-SELECT cyclone_wake_settle(%(most)s) AS settled;
+-- clears the flag). Returns once the transactions in progress have ended (at most %(most)s
+-- seconds): the supervisor's next look finds what they made ready.
+SELECT cyclone_wake_arm(%(most)s) AS settled;
 
 -- name: wake_ready
 -- A retry's backoff or a token given ahead came due: wake a waiting supervisor, if any. The
@@ -20,4 +16,4 @@ SELECT cyclone_wake_ready(), now() AS now;
 -- The scanner is about to sleep: until the next time due after %(since)s, when its last pass
 -- began, within %(horizon)s seconds (which it writes, so that a timer set earlier meanwhile
 -- notifies it); returns how long that is (0: due already).
-SELECT cyclone_wake_timer_set(%(horizon)s, %(since)s) AS wait;
+SELECT cyclone_wake_timer_set(%(horizon)s, %(since)s, %(most)s) AS wait;

@@ -104,12 +104,8 @@ AHEAD = 4
 TAKEN_TRIES = 3
 _OWN = b'given {"own":true}\n'
 _NONE = b'given {"recorded":null}\n'  # no step: the worker is leaving, or the VM drains
-# Set the flag in a transaction of its own, then wait for those in progress (see wake.sql):
-# one simple query, so the loop waits for one answer.
-ARM_SQL = "BEGIN; {}; COMMIT; {}".format(
-    QUERIES["wake_arm"].rstrip().rstrip(";"),
-    QUERIES["wake_settle"].replace("%(most)s", "0.2"),
-)
+# Set the flag, then wait for the transactions in progress (see wake.sql) before looking again.
+ARM_SQL = QUERIES["wake_arm"].replace("%(most)s", "0.2")
 _SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
 
 
@@ -284,6 +280,11 @@ class Dispatcher:
         self.parked_at = 0.0  # when the parked wants were last looked for
         self.armed = False  # the flag is set for us, as far as we know (no notification since)
         self.arm = False  # the parked wait for the flag to be set, then for one more look
+        self.arm_sent = False  # a statement setting it is in flight (one at a time)
+        # Notifications so far, and their count as the statement in flight was sent: one that
+        # came meanwhile may have cleared the flag that statement set.
+        self.wakes = 0
+        self.arm_wakes = 0
         self.workflows = workflows
         # The graph versions its code can run (engine/versions.py): only their steps are leased.
         self.graphs = graphs or (lambda: None)
@@ -339,6 +340,7 @@ class Dispatcher:
         """A step was made ready (cyclone_ready): the flag was cleared as it was notified.
         The parked are looked for at once."""
         self.armed = False
+        self.wakes += 1
         self.parked_at = 0.0
 
     def park(self, handle: Any, want: channel.Want) -> None:
@@ -455,7 +457,8 @@ class Dispatcher:
         self.pending = [(h, w) for h, w in self.pending if arbiter.children.get(h.pid) is h]
         now = time.monotonic()
         self.unpark(arbiter, now)
-        if self.arm and (session := self.free_session()) is not None:
+        if self.arm and not self.arm_sent and (session := self.free_session()) is not None:
+            self.arm_sent, self.arm_wakes = True, self.wakes
             try:
                 session.send_arm()
             except psycopg.Error as exc:
@@ -561,7 +564,8 @@ class Dispatcher:
         if text is not None and session.arming:
             # Armed: one more look for the parked, in a snapshot taken after the flag was set
             # (a step made ready before it notified nobody, and is found by this look).
-            session.arming, self.arm, self.armed = False, False, True
+            session.arming, self.arm, self.arm_sent = False, False, False
+            self.armed = self.wakes == self.arm_wakes
             self.pending += self.parked
             self.parked = []
             self.flush(arbiter)
@@ -640,7 +644,7 @@ class Dispatcher:
         batch, session.batch = session.batch or [], None
         if session.arming:
             # The flag may not be set: the parked wait for the poll interval instead.
-            session.arming, self.arm = False, False
+            session.arming, self.arm, self.arm_sent = False, False, False
             self.parked_at = time.monotonic()
         # Leases being given back expire instead, an attempt spent each.
         session.releasing = []

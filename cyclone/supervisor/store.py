@@ -224,11 +224,7 @@ class DatabaseStore:
 
     def arm_wake(self) -> None:
         """Say that this VM waits for ready steps (migration 22): the next notifies."""
-        def arm(conn: psycopg.Connection[Any]) -> None:
-            conn.execute(QUERIES["wake_arm"])  # autocommit: committed before the settle
-            conn.execute(QUERIES["wake_settle"], {"most": SETTLE_MOST})
-
-        self._call(arm)
+        self._call(lambda conn: conn.execute(QUERIES["wake_arm"], {"most": SETTLE_MOST}))
 
     def close(self) -> None:
         self.session.close()

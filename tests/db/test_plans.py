@@ -335,10 +335,9 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         "served": [], "graphs": None, "lost_after": 30.0, "self_id": None, "limit": 20,
     },
     # Waking (migration 22): the flag, and the scanner's look ahead at the next time due.
-    "wake_arm": lambda b: {},
-    "wake_settle": lambda b: {"most": 0.0},
+    "wake_arm": lambda b: {"most": 0.0},
     "wake_ready": lambda b: {},
-    "wake_timer": lambda b: {"horizon": 60.0, "since": None},
+    "wake_timer": lambda b: {"horizon": 60.0, "since": None, "most": 0.0},
 }
 # What each count may touch: an index-only scan of the live runs, plus a heap page for each
 # page of runs autovacuum has not yet marked all-visible.

@@ -3,42 +3,37 @@
 -- A step that becomes ready wakes a supervisor that waits for work, at once: NOTIFY on channel
 -- cyclone_ready. Not for every step: a transaction that notified holds a database-wide lock from
 -- the start of its commit to its end (migration 10), so only while some supervisor said it
--- waits (`wanted`, set by the supervisor as its workers go idle), and the first transaction to
--- find it set clears it. Under load no supervisor waits, and a step made ready costs one read of
--- this one-row table. The flag is read without a lock; it is cleared under SKIP LOCKED, so that
--- no writer of steps ever waits for another on this row (a second notifier only notifies too,
--- which wakes nobody twice: a listener takes any number of notifications as one wake-up).
+-- waits (the sequence cyclone_wake_ready at 1, set by a supervisor as its workers go idle); the
+-- first transaction that finds it set clears it. A step or run whose time comes within the next
+-- minute (a retry's backoff, a token given ahead, a sleep's end, a max_wait, a deadline) notifies
+-- cyclone_timer when that time is earlier than the scanner means to wake (cyclone_wake_timer,
+-- in epoch milliseconds, written before it sleeps; it never sleeps longer than a minute): that
+-- scanner then wakes for it. Times further off are found by its next look, before they come.
 --
--- A step or run whose time comes within the next minute (a retry's backoff, a token given
--- ahead, a sleep's end, a max_wait, a deadline) notifies cyclone_timer when that time is
--- earlier than `timer_at`, when the scanner that wakes first means to wake (it writes it before
--- it sleeps, and never sleeps longer than a minute): that scanner then wakes for it instead of
--- at its next interval. Times further off are found by the scanner's next look, before they
--- come. The WHEN clauses are evaluated without calling the functions: a step that is neither
--- made ready nor timed, and a run whose deadline is over a minute away, pay nothing.
+-- Sequences, not a table: their value is read by a C function in the triggers' WHEN clauses,
+-- with no query run and no function of ours called while nobody waits, which is what a ready
+-- step costs under load (a PL/pgSQL trigger reading a one-row table cost 16% of the server's
+-- instructions a step: bench/README.md). And setval is not transactional: a value set is seen
+-- by every session at once, and rolled back by none.
 --
 -- A supervisor that sets the flag then looks once more must see every step of a transaction
--- that read the flag unset; the scanner that writes `timer_at` likewise. So after setting it,
--- it waits for the transactions in progress then to end (cyclone_wake_settle), and only then
--- looks: one that read the old value before the flag was set has committed (or rolled back) by
--- then, and one that reads it later sees it set. The triggers themselves take no lock and read
--- one row: that is all a ready step costs while no supervisor waits.
+-- that read it unset; the scanner that writes its time likewise. So after setting it, it waits
+-- for the transactions in progress then to end (cyclone_wake_settle), and only then looks: one
+-- that read the old value has committed (or rolled back) by then; one that reads later sees it.
 
-CREATE TABLE cyclone_wake (
-    one      boolean PRIMARY KEY DEFAULT true CHECK (one),
-    wanted   boolean NOT NULL DEFAULT false,
-    timer_at timestamptz
-);
-INSERT INTO cyclone_wake DEFAULT VALUES;
+CREATE SEQUENCE cyclone_wake_ready MINVALUE 0 MAXVALUE 1 START 0 NO CYCLE;
+SELECT setval('cyclone_wake_ready', 0, true);
+CREATE SEQUENCE cyclone_wake_timer MINVALUE 0 START 0 NO CYCLE;
+SELECT setval('cyclone_wake_timer', 0, true);
 
--- A supervisor waits for ready steps (then it calls cyclone_wake_settle, and looks once more).
-CREATE FUNCTION cyclone_wake_arm() RETURNS text LANGUAGE sql AS $$
-    UPDATE cyclone_wake SET wanted = true WHERE NOT wanted;
-    SELECT 'armed';
+-- A time as the triggers compare it with cyclone_wake_timer.
+CREATE FUNCTION cyclone_epoch_ms(at timestamptz) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (extract(epoch FROM at) * 1000)::bigint
 $$;
 
 -- Wait until every transaction in progress now has ended, at most `most` seconds: one that
--- read the flag (or `timer_at`) before it was set commits first. Returns whether all did.
+-- read the flag (or the scanner's time) before it was set commits first. Returns whether all did.
 CREATE FUNCTION cyclone_wake_settle(most float8) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     busy xid8[] := ARRAY(SELECT pg_snapshot_xip(pg_current_snapshot()));
@@ -59,38 +54,46 @@ BEGIN
 END
 $$;
 
--- The scanner sleeps until the next time due (cyclone_next_due), which it writes; returns how
--- long that is from now, in seconds. (It settles, then calls this again before it sleeps.)
-CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz) RETURNS float8
-LANGUAGE plpgsql AS $$
-DECLARE
-    at timestamptz;
+-- A supervisor waits for ready steps; returns once a step made ready before is committed, so
+-- that its next look finds it (settled within `most` seconds).
+CREATE FUNCTION cyclone_wake_arm(most float8) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE cyclone_wake SET timer_at = cyclone_next_due(horizon, since) RETURNING timer_at INTO at;
-    RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
+    PERFORM setval('cyclone_wake_ready', 1, true);
+    RETURN cyclone_wake_settle(most);
 END
 $$;
 
 -- Wake a waiting supervisor, if one waits (the scanner calls it too, as a retry comes due).
 CREATE FUNCTION cyclone_wake_ready() RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF (SELECT wanted FROM cyclone_wake) THEN
-        UPDATE cyclone_wake SET wanted = false
-         WHERE one IN (SELECT one FROM cyclone_wake WHERE wanted FOR UPDATE SKIP LOCKED);
+    IF pg_sequence_last_value('cyclone_wake_ready') = 1 THEN
+        PERFORM setval('cyclone_wake_ready', 0, true);
         PERFORM pg_notify('cyclone_ready', '');
     END IF;
 END
 $$;
 
--- Wake the scanner for `at`, if it sleeps past it.
+-- The scanner sleeps until the next time due (cyclone_next_due): it writes it, waits for the
+-- transactions in progress (one may have set an earlier time and found the old one), looks
+-- again; returns how long from now, in seconds.
+CREATE FUNCTION cyclone_wake_timer_set(horizon float8, since timestamptz, most float8)
+RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+    at timestamptz := cyclone_next_due(horizon, since);
+BEGIN
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    PERFORM cyclone_wake_settle(most);
+    at := least(at, cyclone_next_due(horizon, since));
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    RETURN greatest(extract(epoch FROM at - now()), 0)::float8;
+END
+$$;
+
+-- Wake the scanner for `at` (the triggers call it only when it sleeps past it).
 CREATE FUNCTION cyclone_wake_timer(at timestamptz) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF at < (SELECT timer_at FROM cyclone_wake) THEN
-        UPDATE cyclone_wake SET timer_at = at
-         WHERE one IN (SELECT one FROM cyclone_wake WHERE timer_at > at
-                        FOR UPDATE SKIP LOCKED);
-        PERFORM pg_notify('cyclone_timer', '');
-    END IF;
+    PERFORM setval('cyclone_wake_timer', cyclone_epoch_ms(at), true);
+    PERFORM pg_notify('cyclone_timer', '');
 END
 $$;
 
@@ -100,25 +103,39 @@ BEGIN
         PERFORM cyclone_wake_timer(NEW.due_at);
     ELSIF NEW.available_at > now() THEN
         PERFORM cyclone_wake_timer(NEW.available_at);
-    ELSIF (SELECT wanted FROM cyclone_wake) THEN
-        PERFORM cyclone_wake_ready();  -- read there again: another may have cleared it
+    ELSE
+        PERFORM cyclone_wake_ready();
     END IF;
     RETURN NULL;
 END
 $$;
 
+-- Called only when its WHEN says someone is to be woken: a step made ready while a supervisor
+-- waits, or a time earlier than the scanner's.
 CREATE TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
     FOR EACH ROW
-    WHEN (NEW.state = 'available'
-          OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
+    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
+           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
+          OR (((NEW.state = 'available' AND NEW.available_at > now())
+               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
+              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
+                                                  ELSE NEW.available_at END)
+                  < pg_sequence_last_value('cyclone_wake_timer')))
     EXECUTE FUNCTION cyclone_steps_wake();
 
 CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF state, available_at, due_at
     ON cyclone_steps FOR EACH ROW
-    WHEN ((NEW.state = 'available'
-           AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at))
-          OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
-              AND (OLD.state <> 'waiting' OR OLD.due_at IS DISTINCT FROM NEW.due_at)))
+    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
+           AND OLD.state <> 'available'
+           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
+          OR (((NEW.state = 'available'
+                AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at)
+                AND NEW.available_at > now())
+               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
+                   AND (OLD.state <> 'waiting' OR OLD.due_at IS DISTINCT FROM NEW.due_at)))
+              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
+                                                  ELSE NEW.available_at END)
+                  < pg_sequence_last_value('cyclone_wake_timer')))
     EXECUTE FUNCTION cyclone_steps_wake();
 
 CREATE FUNCTION cyclone_runs_wake() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -128,9 +145,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at
-    ON cyclone_runs FOR EACH ROW
-    WHEN (NEW.deadline_at < now() + interval '1 minute')
+CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at ON cyclone_runs
+    FOR EACH ROW
+    WHEN (NEW.deadline_at < now() + interval '1 minute'
+          AND cyclone_epoch_ms(NEW.deadline_at) < pg_sequence_last_value('cyclone_wake_timer'))
     EXECUTE FUNCTION cyclone_runs_wake();
 
 -- The earliest time after `since`, within `horizon` seconds of now, at which something comes
