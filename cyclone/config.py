@@ -181,6 +181,7 @@ SECTION_DOCS = {
     "metrics": "Prometheus metrics, aggregated across the supervisor's processes, at /metrics.",
     "workflows": "Python modules that define workflows; imported by the supervisor at start-up.",
     "logging": "Log output of every Cyclone process.",
+    "tracing": "OpenTelemetry: a span per attempt, in the trace current at submit.",
 }
 
 SETTINGS: tuple[Setting, ...] = (
@@ -249,6 +250,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Lowest level logged."),
     Setting("logging", "format", STR, "text", _one_of("text", "json"),
             "\"text\" for people, \"json\" (one object a line) for log shippers."),
+    Setting("tracing", "enabled", BOOL, False, None,
+            "Export a span per attempt with OpenTelemetry (needs the otel extra), child of the "
+            "trace current at submit; the OTEL_* variables configure the exporter."),
 )  # fmt: skip
 
 _BY_SECTION: dict[str, dict[str, Setting]] = {}
@@ -333,6 +337,11 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    enabled: bool = _default("tracing", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
@@ -341,6 +350,7 @@ class Settings:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
 SECTION_CLASSES: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)}  # type: ignore[misc]

@@ -51,10 +51,12 @@ def submit_params(
     priority: int | None = None,
     ckeys: list[str | None] | None = None,
     climit: int | None = None,
+    trace_parent: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of run_submit (the clients' submits run it too). `priority`: None takes
     the workflow's; `ckeys`: each run's concurrency key (None: no key), counted against
-    `climit` (the caller ran concurrency_lock for them first, in the same transaction)."""
+    `climit` (the caller ran concurrency_lock for them first, in the same transaction);
+    `trace_parent`: the W3C traceparent to store (None: a child run takes its parent's)."""
     return {
         "workflow": workflow,
         "hash": graph_hash,
@@ -68,6 +70,7 @@ def submit_params(
         "priority": priority,
         "ckeys": ckeys,
         "climit": climit if ckeys else None,
+        "trace_parent": trace_parent,
         **node_rows(roots),
     }
 

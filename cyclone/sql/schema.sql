@@ -120,7 +120,10 @@ CREATE TABLE cyclone_runs (
     concurrency_limit integer,
     -- Waiting for a slot of its key: state `queued` (or `paused` while it waited). It has no
     -- steps until cyclone_admit admits it.
-    queued          boolean NOT NULL DEFAULT false
+    queued          boolean NOT NULL DEFAULT false,
+    -- The W3C traceparent current at submit (migration 20; a child run takes its parent's):
+    -- each attempt's span is its child when the supervisor traces (SPEC section 16).
+    trace_parent    text
 );
 
 -- Children of a run (cancel and fail go down the tree).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import sys
@@ -17,6 +16,7 @@ from cyclone.config import ENV_DATABASE_URL, Settings, load_config
 from cyclone.db import check_dsn, connect, resolve_dsn, unreachable, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import ConfigError, CycloneError
+from cyclone.logs import JsonFormatter
 from cyclone.migrate import latest_version, migrate
 from cyclone.redact import redact_error
 from cyclone.sanitize import SafeRecords, printable
@@ -31,25 +31,6 @@ EXIT_DATABASE = 3
 # SQLSTATEs that a restart may not meet again: a transaction rolled back (class 40: a
 # serialization failure, a deadlock), a statement or lock timeout.
 TRANSIENT = ("40", "57014", "55P03")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line, for log shippers."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        data = {
-            "ts": self.formatTime(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "pid": record.process,
-            "msg": record.getMessage(),
-        }
-        if hasattr(record, "action"):
-            data["action"] = record.action
-        if record.exc_text or record.exc_info:
-            # SafeRecords leaves a cleaned exc_text: never format the exception again.
-            data["exc"] = record.exc_text or self.formatException(record.exc_info)
-        return json.dumps(data)
 
 
 def setup_logging(settings: Settings) -> None:

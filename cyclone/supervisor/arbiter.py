@@ -44,7 +44,13 @@ from cyclone.supervisor.children import (
     exit_by,
     held_lease,
 )
-from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
+from cyclone.supervisor.outcomes import (
+    RUN_ENDED,
+    format_elapsed,
+    log_outcome,
+    step_extra,
+    step_label,
+)
 from cyclone.supervisor.ports import (
     ArbiterConfig,
     ChildFactory,
@@ -54,6 +60,7 @@ from cyclone.supervisor.ports import (
     Reloader,
     Renewals,
     Store,
+    Traces,
     Watcher,
 )
 from cyclone.supervisor.processes import RETIRE_SIGNAL, STOP_SIGNAL, ProcessOps
@@ -138,8 +145,10 @@ class Arbiter:
         wants: Callable[[WorkerHandle, channel.Want], None] | None = None,
         renewer: Renewals | None = None,
         board: RenewalBoard | None = None,
+        traces: Traces | None = None,
     ) -> None:
         self.config = config
+        self.traces = traces
         self.renewer = renewer
         self.board = board
         # The renewal statement in flight: its leases by step id (with the token asked for),
@@ -351,6 +360,8 @@ class Arbiter:
         elif isinstance(message, channel.Leased):
             handle.lease = held_lease(message, now)
             self.events.leased(handle.lease)
+            if self.traces is not None:
+                self.traces.started(handle.lease)
         elif isinstance(message, channel.Done):
             # Only a report naming the step and its token ends a lease's watch: a line the
             # handler forged would otherwise switch its own timeout off.
@@ -391,6 +402,8 @@ class Arbiter:
         for a worker that took its next step already (see handed_over)."""
         if lease is not None and lease.step_id == done.step_id:
             self.events.finished(lease, done.outcome, done.duration)
+            if self.traces is not None:
+                self.traces.reported(lease, done)
             log_outcome(lease, done)
 
     def may_lease(self, handle: WorkerHandle, finishing: int | None = None) -> bool:
@@ -430,6 +443,8 @@ class Arbiter:
             note = ""
         log.log(level, "%s %s%s", handle.label, status.describe(), note, extra={"action": "exit"})
         self.events.exited(handle, status)
+        if self.traces is not None and lease is not None:
+            self.trace_exit(lease, kill, handle, status)
         if kill is not None and lease is not None and kill.step_id == lease.step_id:
             if kill.release and kill.token is not None:
                 self.release(lease, kill.reason)
@@ -440,7 +455,7 @@ class Arbiter:
                 log.info(
                     "%s killed after %s (%s)%s", step_label(lease),
                     format_elapsed(self.clock() - lease.leased_at), kill.reason,
-                    RUN_ENDED.get(kill.reason, ""), extra={"action": "record"},
+                    RUN_ENDED.get(kill.reason, ""), extra=step_extra(lease, "record"),
                 )  # fmt: skip
         elif lease is not None:
             # Died on its own mid-step (or mid a step leased after the one we killed it for).
@@ -448,6 +463,18 @@ class Arbiter:
         unasked = kill is None and not handle.retiring and not self.draining
         if unasked and self.failed_to_boot(handle, status):
             self.boot_failed(handle)
+
+    def trace_exit(
+        self, lease: HeldLease, kill: KillOrder | None, handle: WorkerHandle, status: ExitStatus
+    ) -> None:
+        """The supervisor ends the span of an attempt its worker did not finish: with the
+        kill's reason, or as crashed."""
+        assert self.traces is not None
+        if kill is not None and kill.step_id == lease.step_id:
+            outcome = "released" if kill.release else "killed"
+            self.traces.ended(lease, outcome, f"killed ({kill.reason}): {kill.error}", kill.reason)
+        else:
+            self.traces.ended(lease, "crashed", describe_exit(handle, status), "crashed")
 
     def failed_to_boot(self, handle: WorkerHandle, status: ExitStatus) -> bool:
         """Whether an exit we did not ask for counts toward the respawn backoff and the halt.
@@ -513,7 +540,7 @@ class Arbiter:
             self.events.finished(lease, str(kind), elapsed)
             log.info(
                 "%s recorded as %s after %s: %s", step_label(lease), kind, format_elapsed(elapsed),
-                error, extra={"action": "record"},
+                error, extra=step_extra(lease, "record"),
             )  # fmt: skip
 
     def release(self, lease: HeldLease, reason: KillReason) -> None:
@@ -527,7 +554,7 @@ class Arbiter:
             log.info(
                 "%s released after %s (%s): attempt not spent", step_label(lease),
                 format_elapsed(self.clock() - lease.leased_at), reason,
-                extra={"action": "record"},
+                extra=step_extra(lease, "record"),
             )  # fmt: skip
 
     # --- killing ------------------------------------------------------------------------------
@@ -753,15 +780,23 @@ class Arbiter:
         self.kills[reason] = self.kills.get(reason, 0) + 1
         self.events.killed(reason)
         what = f" step {lease.step_id} ({lease.workflow}/{lease.node})" if lease else ""
-        log.warning("killing %s%s: %s", handle.label, what, reason, extra={"action": "kill"})
+        extra = step_extra(lease, "kill") if lease else {"action": "kill"}
+        log.warning("killing %s%s: %s", handle.label, what, reason, extra=extra)
+        if self.traces is not None and lease is not None:
+            self.traces.killing(lease, reason, error, grace <= 0)
         if grace > 0:
             self.ops.signal(handle.pid, STOP_SIGNAL)
         else:
             self.hard_kill(handle)
 
     def hard_kill(self, handle: WorkerHandle) -> None:
-        if handle.kill is not None:
-            handle.kill.hard_sent = True
+        kill = handle.kill
+        if kill is not None:
+            # After a SIGTERM (an event of its own), the SIGKILL that follows kill_grace.
+            graced = not kill.hard_sent and kill.hard_at > kill.ordered_at
+            if graced and self.traces is not None and handle.lease is not None:
+                self.traces.killing(handle.lease, kill.reason, "kill_grace passed", True)
+            kill.hard_sent = True
         self.ops.signal_group(handle.pid, signal.SIGKILL)
         self.ops.signal(handle.pid, signal.SIGKILL)  # in case it never got its own group
 

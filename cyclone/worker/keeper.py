@@ -104,6 +104,11 @@ class LeaseKeeper:
             if self.stopping():
                 done.set()  # the stop came while the lease was being taken
 
+    def current(self) -> Lease | None:
+        """The lease whose handler runs now, if any (read by the JSON logs' StepFields)."""
+        held = self._held
+        return None if held is None else held.lease
+
     def release(self) -> float:
         """The handler returned: returns when the lease was last renewed (or taken)."""
         with self._lock:

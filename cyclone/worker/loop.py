@@ -30,6 +30,7 @@ from cyclone.context import CancelEvent, Effects
 from cyclone.db import connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
+from cyclone.logs import StepFields, json_handlers
 from cyclone.states import NodeKind
 from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
@@ -125,6 +126,8 @@ class Worker:
                 parent=self.parent, board=self.board, slot=self.slot,
             )  # fmt: skip
             self.keeper.start()
+            for handler in json_handlers():  # JSON logs name the step of every line
+                handler.addFilter(StepFields(self.keeper.current))
             self.channel.send(channel.Ready())
             code = self.loop()
             # Whatever a handler's thread started since: the supervisor counts on a clean
