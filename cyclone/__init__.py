@@ -22,6 +22,7 @@ from cyclone.errors import (
     RunStuck,
     ScheduleNotFound,
     StepNotFound,
+    UnheardSignal,
     WorkflowNotFound,
 )
 from cyclone.migrate import migrate
@@ -59,6 +60,7 @@ __all__ = [
     "StepInfo",
     "StepNotFound",
     "StepState",
+    "UnheardSignal",
     "Workflow",
     "WorkflowNotFound",
     "migrate",

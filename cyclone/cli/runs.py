@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from typing import Any
 
 from cyclone.cli.common import (
@@ -26,7 +27,8 @@ from cyclone.cli.common import (
 )
 from cyclone.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
-from cyclone.errors import PayloadTooLarge, RunNotFound
+from cyclone.engine.control import unheard_signals
+from cyclone.errors import PayloadTooLarge, RunNotFound, UnheardSignal
 from cyclone.models import RunStatus, node_label
 from cyclone.sanitize import printable, printable_lines
 from cyclone.sql import QUERIES
@@ -193,6 +195,12 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
         ),
         soft_wrap=True,
     )
+    for name, count in unheard_signals(session.connect(), args.run_id):
+        times = f" ({count} times)" if count > 1 else ""
+        message(
+            f"signal {name!r} was sent{times} but no wait node of {st.workflow} listens for it: "
+            "kept, unheard (a mistyped name?)"
+        )
     return status
 
 def _wait(client: Client, run_id: str, timeout: float | None) -> RunStatus | None:
@@ -327,9 +335,13 @@ _PAST = {"cancel": "cancelled", "pause": "paused", "resume": "resumed"}
 def signal(session: Session, args: argparse.Namespace) -> int:
     client = session.client()
     try:
-        sent = client.signal(args.run_id, args.name, args.payload)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", UnheardSignal)
+            sent = client.signal(args.run_id, args.name, args.payload)
     except (TypeError, ValueError, PayloadTooLarge) as exc:
         raise CliError(USAGE, str(exc)) from None
+    for warning in said:
+        message(f"warning: {warning.message}")
     if args.json:
         emit_json({"run_id": args.run_id, "signal": args.name, "sent": sent})
     if not sent:

@@ -7,6 +7,7 @@ import decimal
 import json
 import math
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -556,7 +557,10 @@ def test_any_text_as_a_signal_name_is_kept_or_rejected_with_value_error(
     run_id = shared_env.client.submit(parked, {})
     before = counts(shared_env)
     try:
-        delivered = shared_env.client.signal(run_id, name, payload)
+        # No wait node of `parked` listens for most names: kept, with a warning (item 3).
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cyclone.UnheardSignal)
+            delivered = shared_env.client.signal(run_id, name, payload)
     except (ValueError, TypeError):  # PayloadTooLarge is a ValueError
         assert counts(shared_env) == before
         return
