@@ -401,7 +401,8 @@ class Arbiter:
         """A step's outcome, for the lease it was: from its worker's `done`, or once recorded
         for a worker that took its next step already (see handed_over)."""
         if lease is not None and lease.step_id == done.step_id:
-            self.events.finished(lease, done.outcome, done.duration)
+            if done.outcome != channel.EXPANDED:  # a map's items are its steps, counted as they end
+                self.events.finished(lease, done.outcome, done.duration)
             if self.traces is not None:
                 self.traces.reported(lease, done)
             log_outcome(lease, done)

@@ -594,6 +594,7 @@ def leased(row: dict[str, Any], sent: float) -> channel.Leased:
         step_id=row["id"], token=row["lease_token"], run_id=row["run_id"],
         workflow=row["workflow"], node=row["node"], attempt=row["attempt"],
         kill_after=row["kill_after"], deadline_left=row["deadline_left"], since=sent,
+        item=row["item_index"],
     )  # fmt: skip
 
 

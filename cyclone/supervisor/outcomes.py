@@ -31,12 +31,13 @@ RUN_ENDED = {
 def step_label(lease: HeldLease) -> str:
     """`step demo-order/reserve run=<whole id> attempt=1`: greppable by run, and the id is one
     `cyclone run` takes (a short one it rejects)."""
-    return f"step {lease.workflow}/{lease.node} run={lease.run_id} attempt={lease.attempt}"
+    node = lease.node if lease.item is None else f"{lease.node}[{lease.item}]"
+    return f"step {lease.workflow}/{node} run={lease.run_id} attempt={lease.attempt}"
 
 
 def step_extra(lease: HeldLease, action: str) -> dict[str, Any]:
     """A log record's extra about a lease: its action and the step's fields (cyclone/logs.py)."""
-    return {"action": action, **step_fields(lease)}
+    return {"action": action, **step_fields(lease, lease.item)}
 
 
 def format_elapsed(seconds: float) -> str:
@@ -48,7 +49,10 @@ def log_outcome(lease: HeldLease, done: channel.Done) -> None:
     if not log.isEnabledFor(logging.INFO):
         return  # a busy supervisor logging at WARNING should not format lines it drops
     took = format_elapsed(done.duration)
-    if done.outcome == "completed":
+    if done.outcome == "expanded":
+        extra = step_extra(lease, "step")
+        log.info("%s made its items in %s", step_label(lease), took, extra=extra)
+    elif done.outcome == "completed":
         log.info("%s completed in %s", step_label(lease), took, extra=step_extra(lease, "step"))
     elif done.outcome == "failed":
         then = "will retry" if done.retry else "dead-lettered"

@@ -238,7 +238,7 @@ class AttemptTraces:
         if span is None:
             return
         span.set_attribute("cyclone.outcome", outcome)
-        if outcome != "completed":
+        if outcome not in ("completed", "expanded"):
             if kind is not None:
                 span.set_attribute("cyclone.error_kind", kind)
             span.set_status(Status(StatusCode.ERROR, error or outcome))

@@ -329,6 +329,8 @@ class Worker:
                 return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
+        if result == "completed" and lease.is_fanout:
+            result = channel.EXPANDED  # a map's items are its steps: this row is none
         duration = time.monotonic() - leased_at
         report = channel.Done(
             step_id=lease.step_id, outcome=result, duration=duration,
@@ -379,7 +381,7 @@ class Worker:
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
             kill_after=lease.kill_after, deadline_left=lease.deadline_left,
-            since=self.lease_sent,
+            since=self.lease_sent, item=lease.item_index,
         ))  # fmt: skip
 
     def record(

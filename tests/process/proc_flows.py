@@ -171,3 +171,13 @@ def first(ctx: cyclone.StepContext) -> int:
 
 
 traced.child("sub", traced_child, after=[first])
+
+
+# Stops when asked (ctx.done): a cancel's SIGTERM ends it before kill_grace runs out.
+polite = cyclone.Workflow("proc-polite")
+
+
+@polite.task(max_attempts=1)
+def linger(ctx: cyclone.StepContext) -> None:
+    Path(ctx.input["dir"], f"{ctx.run_id}.started").write_text("")
+    ctx.done.wait(600)
