@@ -31,6 +31,7 @@ from cyclone.child import channel
 from cyclone.child.lease import RenewalBoard, lease_trust
 from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
+from cyclone.outage import OutageLog, one_line
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 from cyclone.supervisor.children import (
     ExitBy,
@@ -182,6 +183,8 @@ class Arbiter:
         self.finished = False
         self.exit_code = 0
         self.kills: dict[KillReason, int] = {}
+        # An outage is one warning, then a reminder every 30 s, not one per poll (DB_RETRY).
+        self.revocation_outage = OutageLog(log, "checking for revoked leases", clock=clock)
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -534,7 +537,7 @@ class Arbiter:
         try:
             written = self.store.fail_step(lease.step_id, lease.token, kind, error)
         except Exception as exc:  # the database is down: lease expiry is the backstop
-            log.error("could not record step %d as %s: %s", lease.step_id, kind, exc)
+            log.error("could not record step %d as %s: %s", lease.step_id, kind, one_line(exc))
             return
         if written:
             elapsed = self.clock() - lease.leased_at
@@ -549,7 +552,7 @@ class Arbiter:
         try:
             released = self.store.release_step(lease.step_id, lease.token)
         except Exception as exc:  # the database is down: lease expiry is the backstop
-            log.error("could not release step %d: %s", lease.step_id, exc)
+            log.error("could not release step %d: %s", lease.step_id, one_line(exc))
             return
         if released:
             log.info(
@@ -572,9 +575,10 @@ class Arbiter:
         try:
             revoked = self.store.revoked(held)
         except Exception as exc:
-            log.warning("could not check for revoked leases: %s", exc)
+            self.revocation_outage.failed(exc)
             self.next_poll = now + DB_RETRY
             return
+        self.revocation_outage.succeeded()
         for handle in self.busy():
             lease = handle.lease
             if lease is None or lease.step_id not in revoked or handle.kill is not None:
@@ -711,7 +715,10 @@ class Arbiter:
         """The renewal statement failed or could not be sent: the leases are not renewed; the
         workers are killed as their trust runs out, for the lost session (`kill_silent`)."""
         if not self.renewals_failing:
-            log.warning("could not renew the workers' leases: %s", exc, extra={"action": "renew"})
+            log.warning(
+                "could not renew the workers' leases: %s", one_line(exc),
+                extra={"action": "renew"},
+            )  # fmt: skip
         self.renewing = {}
         self.renewals_failing = True
         self.next_renewal_try = self.clock() + min(RENEW_RETRY, self.config.heartbeat_interval / 4)
@@ -751,7 +758,7 @@ class Arbiter:
         try:
             failed = self.store.sweep_deadlines()
         except Exception as exc:
-            log.warning("could not sweep deadlines: %s", exc)
+            log.warning("could not sweep deadlines: %s", one_line(exc))
             self.order_kill(handle, KillReason.DEADLINE, ErrorKind.DEADLINE, DEADLINE_ERROR)
             return
         self.events.runs_failed("deadline", failed)  # counted with the scanner's

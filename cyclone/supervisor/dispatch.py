@@ -52,6 +52,7 @@ from cyclone.engine.dispatch import (
     release_params,
 )
 from cyclone.engine.steps import _LeaseFloor
+from cyclone.outage import one_line
 
 log = logging.getLogger(__name__)
 
@@ -570,7 +571,7 @@ class Dispatcher:
 
     def own(self, exc: Exception, batch: Batch) -> None:
         log.warning("cannot lease for the workers (they lease on their own for %.0fs): %s",
-                    OWN_FOR, exc)  # fmt: skip
+                    OWN_FOR, one_line(exc))  # fmt: skip
         self.own_until = time.monotonic() + OWN_FOR
         for handle, _ in batch:
             send_line(handle.fd, _OWN)

@@ -26,6 +26,7 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cyclone.outage import one_line
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, RunState
 from cyclone.supervisor.labels import MAX_WORKFLOWS, LabelCap, top
@@ -107,7 +108,10 @@ class DatabaseGauges(Collector):
                 ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
         except psycopg.Error as exc:
             if self.reading is None or self.reading.up:
-                log.warning("metrics: database unavailable: %s", exc, extra={"action": "metrics"})
+                log.warning(
+                    "metrics: database unavailable: %s", one_line(exc),
+                    extra={"action": "metrics"},
+                )  # fmt: skip
             self.reading = Reading(at=now, up=False)
             return self.reading
         reading = Reading(

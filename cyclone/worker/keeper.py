@@ -64,7 +64,6 @@ def may_go_on(lease: Lease, renewed_at: float, ttl: float, beat: float, exc: Exc
     moment its supervisor would kill it): never act on stale authority.
     """
     left = renewed_at + ttl - time.monotonic()
-    log.warning("step %d: cannot record it (%.1fs of lease left): %s", lease.step_id, left, exc)
     return left > ttl - lease_trust(ttl, beat)
 
 

@@ -31,6 +31,7 @@ from cyclone.db import connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
 from cyclone.logs import StepFields, json_handlers
+from cyclone.outage import OutageLog
 from cyclone.states import NodeKind
 from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
@@ -98,6 +99,7 @@ class Worker:
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
+        self.record_outage: OutageLog | None = None  # recording a step failed (check_trust)
 
     # --- process ------------------------------------------------------------------------------
 
@@ -328,6 +330,9 @@ class Worker:
                     log.warning("step %d: lease lost, result discarded", lease.step_id)
                 return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
+            if self.record_outage is not None:  # the database answered again
+                self.record_outage.succeeded()
+                self.record_outage = None
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
         if result == "completed" and lease.is_fanout:
             result = channel.EXPANDED  # a map's items are its steps: this row is none
@@ -424,5 +429,10 @@ class Worker:
         ttl, beat = self.options.lease_ttl, self.options.heartbeat_interval
         # The supervisor renews the lease while the worker retries its record.
         renewed_at = self.keeper.renewed_at(lease, renewed_at)
+        # Retried every second: one warning per outage (and a reminder each 30 s), not each.
+        if self.record_outage is None or self.record_outage.what != f"step {lease.step_id}":
+            self.record_outage = OutageLog(log, f"step {lease.step_id}")
+        self.record_outage.failed(exc)
         if not may_go_on(lease, renewed_at, ttl, beat, exc):
+            log.error("step %d: its lease may lapse: leaving it, unrecorded", lease.step_id)
             raise ChildExit(ExitCode.LEASE_LOST)
