@@ -301,8 +301,15 @@ def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES)
     if "\\u0000" in text:
         raise TypeError(f"{what}: contains a NUL character, which PostgreSQL cannot store")
     if size > limit:
-        raise PayloadTooLarge(f"{what}: {size} bytes of JSON is over the limit of {limit} bytes")
+        raise PayloadTooLarge(too_large(what, f"{size} bytes", limit))
     return text
+
+
+def too_large(what: str, size: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
+    """The one message for a payload over its limit, wherever it is found (the client's encode,
+    the CLI's read of @FILE or stdin): `size` says how large it is, as far as it was read."""
+    shown = f"{limit // 2**20} MiB ({limit} bytes)" if limit % 2**20 == 0 else f"{limit} bytes"
+    return f"{what}: {size} of JSON, over the payload limit of {shown}"
 
 
 # One cursor per connection for the statements of every step (a lease, a completion with the

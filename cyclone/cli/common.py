@@ -32,6 +32,7 @@ from cyclone.db import (
     connect,
     is_step_id,
     resolve_dsn,
+    too_large,
     with_options,
 )
 from cyclone.display import Shown
@@ -270,8 +271,9 @@ def json_arg(value: str) -> Any:
         raise ArgumentTypeError(f"{origin}not JSON: {exc}") from None
 
 
-# The client refuses a payload over MAX_PAYLOAD_BYTES once encoded; this only keeps a huge
-# file (or an endless pipe) from being read into memory to find that out.
+# The client refuses a payload over MAX_PAYLOAD_BYTES once encoded (compact: a pretty-printed
+# file may be larger); this only keeps a huge file (or an endless pipe) from being read into
+# memory to find that out. Either way the message is the payload limit's (db.too_large).
 _READ_LIMIT = 16 * MAX_PAYLOAD_BYTES
 
 
@@ -296,7 +298,7 @@ def _read_stdin() -> str:
 
 def _decode(data: bytes, origin: str) -> str:
     if len(data) > _READ_LIMIT:
-        raise ArgumentTypeError(f"{origin}: larger than {_READ_LIMIT // 2**20} MiB")
+        raise ArgumentTypeError(too_large(origin, f"more than {_READ_LIMIT} bytes"))
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
