@@ -24,7 +24,7 @@ from cyclone.display import Column, print_listing, when
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.models import ExhaustedQuery
 from cyclone.sanitize import printable
-from cyclone.states import ErrorKind
+from cyclone.states import DEAD_KINDS
 
 
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -32,7 +32,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
 
     p = dsub.add_parser("list", parents=common, help="dead steps, newest first")
-    p.add_argument("--reason", choices=[k.value for k in ErrorKind], help="error kind")
+    p.add_argument("--reason", choices=[k.value for k in DEAD_KINDS], help="error kind")
     p.add_argument("--workflow", type=text_arg, help="only steps of this workflow")
     p.add_argument("--since", type=duration_arg, help="dead within this long, e.g. 1h")
     p.add_argument(

@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 
 from cyclone.outage import one_line
 from cyclone.sql import QUERIES
-from cyclone.states import ErrorKind, RunState
+from cyclone.states import DEAD_KINDS, RunState
 from cyclone.supervisor.labels import MAX_WORKFLOWS, LabelCap, top
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value, RunState.QUEUED.
 # Every error kind is a possible DLQ reason; each series exists (at 0) from the first scrape,
 # so that alerts on `increase()` work for the first dead step too.
 # (`cancelled` marks discarded steps, never dead ones.)
-DLQ_REASONS = tuple(kind.value for kind in ErrorKind if kind is not ErrorKind.CANCELLED)
+DLQ_REASONS = tuple(kind.value for kind in DEAD_KINDS)
 
 AGE_GAUGES = (
     ("cyclone_db_oldest_xact_age_seconds", "oldest_xact_age_seconds",
