@@ -40,6 +40,7 @@ from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
 from cyclone.redact import redact_dsn, redact_error
 from cyclone.sanitize import printable
+from cyclone.sql import QUERIES
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
@@ -339,6 +340,15 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     return value
+
+
+def workflow_known(session: Session, name: str) -> bool:
+    """For a listing by workflow that found nothing: whether that workflow exists; if not, say
+    so (a mistyped name otherwise reads as "no runs")."""
+    if session.connect().execute(QUERIES["workflow_get"], {"workflow": name}).fetchone():
+        return True
+    message(f"no workflow named {name!r} is registered")
+    return False
 
 
 def note_hidden(shown: Shown) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from cyclone.cli.common import (
     MAX_LIMIT,
     OK,
+    REFUSED,
     Session,
     console,
     duration_arg,
@@ -19,6 +20,7 @@ from cyclone.cli.common import (
     positive_duration_arg,
     step_id_arg,
     text_arg,
+    workflow_known,
 )
 from cyclone.display import Column, print_listing, when
 from cyclone.engine.dlq import retry_dead_step
@@ -95,6 +97,8 @@ def list_dead(session: Session, args: argparse.Namespace) -> int:
         ],
     )
     if not steps:
+        if args.workflow is not None and not workflow_known(session, args.workflow):
+            return REFUSED
         message("the DLQ has no steps that match")
     note_hidden(shown)
     return OK

@@ -24,6 +24,7 @@ from cyclone.cli.common import (
     run_id_arg,
     text_arg,
     to_jsonable,
+    workflow_known,
 )
 from cyclone.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
@@ -166,6 +167,8 @@ def list_runs(session: Session, args: argparse.Namespace) -> int:
         ],
     )
     if not rows:
+        if args.workflow is not None and not workflow_known(session, args.workflow):
+            return REFUSED
         message("no runs match")
     note_hidden(shown)
     return OK
