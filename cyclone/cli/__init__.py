@@ -37,6 +37,7 @@ from cyclone.errors import (
     StepNotFound,
     WorkflowNotFound,
 )
+from cyclone.version import package_version
 
 _NOT_FOUND = (RunNotFound, StepNotFound, WorkflowNotFound, ScheduleNotFound, RetryRefused)
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "CYCLONE_DATABASE_URL, else the embedded server.",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"cyclone {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (admin, runs, dlq, status, limits, schedules, embedded):
         module.add_commands(sub, [common, listing])

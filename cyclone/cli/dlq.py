@@ -34,7 +34,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
 
     p = dsub.add_parser("list", parents=common, help="dead steps, newest first")
-    p.add_argument("--reason", choices=[k.value for k in DEAD_KINDS], help="error kind")
+    p.add_argument(
+        "--reason", choices=[k.value for k in DEAD_KINDS], metavar="REASON",
+        help=f"the dead steps' error kind: {', '.join(k.value for k in DEAD_KINDS)}",
+    )  # fmt: skip
     p.add_argument("--workflow", type=text_arg, help="only steps of this workflow")
     p.add_argument("--since", type=duration_arg, help="dead within this long, e.g. 1h")
     p.add_argument(

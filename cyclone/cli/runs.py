@@ -40,7 +40,9 @@ _NO_INPUT: Any = object()
 
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", parents=common, help="start a run of a registered workflow")
-    p.add_argument("workflow", type=text_arg, help="the workflow's registered name")
+    p.add_argument(
+        "workflow", type=text_arg, metavar="WORKFLOW", help="the workflow's registered name"
+    )
     p.add_argument(
         "--input",
         type=json_arg,
@@ -56,7 +58,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=submit)
 
     p = sub.add_parser("runs", parents=common, help="list runs, newest first")
-    p.add_argument("--state", choices=[s.value for s in RunState], help="only runs in this state")
+    p.add_argument(
+        "--state", choices=[s.value for s in RunState], metavar="STATE",
+        help=f"only runs in this state: {', '.join(s.value for s in RunState)}",
+    )  # fmt: skip
     p.add_argument("--workflow", type=text_arg, help="only runs of this workflow")
     p.add_argument(
         "--limit", type=limit_arg, default=50, help=f"at most this many (max {MAX_LIMIT})"
@@ -87,7 +92,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
-    p.add_argument("--state", choices=[s.value for s in StepState], help="only steps in this state")
+    p.add_argument(
+        "--state", choices=[s.value for s in StepState], metavar="STATE",
+        help=f"only steps in this state: {', '.join(s.value for s in StepState)}",
+    )  # fmt: skip
     p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
     p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
     p.set_defaults(run=show_steps)

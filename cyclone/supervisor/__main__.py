@@ -22,6 +22,7 @@ from cyclone.redact import redact_error
 from cyclone.sanitize import SafeRecords, printable
 from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
+from cyclone.version import package_version
 from cyclone.workflow import Registry, load_modules
 
 log = logging.getLogger("cyclone.supervisor")
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cyclone-supervisor", description="Run Cyclone workers and a scanner on this host."
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: built-in)")
+    parser.add_argument(
+        "--version", action="version", version=f"cyclone-supervisor {package_version()}"
+    )
     return parser
 
 
