@@ -18,7 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cyclone.durations import DURATION_HELP, format_duration, parse_duration
+from cyclone.durations import (
+    DURATION_HELP,
+    DurationOutOfRange,
+    format_duration,
+    parse_duration,
+)
 from cyclone.errors import ConfigError
 from cyclone.redact import URL_SCHEME, redact_dsn, show_value
 
@@ -392,13 +397,17 @@ def _read_toml(origin: str, path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _check_value(origin: str, setting: Setting, raw: Any) -> Any:
+    why = ""
     try:
         value = setting.type.coerce(raw)
         valid = setting.validator is None or setting.validator.test(value)
+    except DurationOutOfRange as exc:
+        valid, why = False, f": a duration {exc.why}"
     except (ValueError, TypeError):
         valid = False
     if not valid:
-        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {show_value(raw)}")
+        got = f"got {show_value(raw)}{why}"
+        raise _fail(origin, f"{setting.label}: expected {setting.expected}, {got}")
     return value
 
 
