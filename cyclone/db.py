@@ -43,10 +43,14 @@ def prepare_threshold() -> int | None:
 
 
 def resolve_dsn(
-    dsn: str | None, embedded_dir: str | None = None, announce: Callable[[str], None] | None = None
+    dsn: str | None,
+    embedded_dir: str | None = None,
+    announce: Callable[[str], None] | None = None,
+    reused: Callable[[str], None] | None = None,
 ) -> str:
     """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server,
-    started (or created, which `announce` reports) in `embedded.data_dir(embedded_dir)`."""
+    started (or created, which `announce` reports) in `embedded.data_dir(embedded_dir)`;
+    `reused` is told when a server already running there is used."""
     if dsn:
         return dsn
     env = os.environ.get("CYCLONE_DATABASE_URL")
@@ -56,8 +60,8 @@ def resolve_dsn(
 
     where = embedded.data_dir(embedded_dir)
     if announce is None:
-        return embedded.ensure_server(where)
-    return embedded.ensure_server(where, announce=announce)
+        return embedded.ensure_server(where, reused=reused)
+    return embedded.ensure_server(where, announce=announce, reused=reused)
 
 
 # The values libpq accepts for the options that take one of a few words: a value outside them

@@ -321,10 +321,12 @@ def ensure_server(
     announce: Announce = _stderr,
     *,
     allow_root: bool | None = None,
+    reused: Announce | None = None,
 ) -> str:
     """Start the embedded server in `path` (default: `data_dir()`), or reuse the one running
     there once it answers; return its DSN. A new cluster is announced in one line (where, and
-    how to stop it). ConfigError, in one line saying what to do, when it cannot be used.
+    how to stop it); a reused one to `reused`, when given (the supervisor logs it).
+    ConfigError, in one line saying what to do, when it cannot be used.
 
     The server is left running when this process exits, so the next start is instant and
     several processes (a supervisor, the CLI, tests) share it. As root it starts only when
@@ -344,6 +346,11 @@ def ensure_server(
             raise ConfigError(
                 f"the PostgreSQL running in {target} cannot be used ({why}): stop it with "
                 f"`cyclone embedded stop --dir {target}`, then start again"
+            )
+        if reused is not None:
+            reused(
+                f"reusing the embedded PostgreSQL already running in {target} "
+                f"(`cyclone embedded stop --dir {target}` stops it)"
             )
         return state.dsn
     if any(c.isspace() for c in str(target)):

@@ -220,6 +220,11 @@ class Sweep:
     leases_reclaimed: bool = False  # its rows are expired leases reclaimed
     setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
     takes: tuple[str, ...] = ()  # scanner settings passed to it when given, whatever they are
+    # What its count means, for the scanner's log line: "woke {n} sleeping step(s)".
+    said: str = "{n}"
+
+    def describe(self, n: int) -> str:
+        return self.said.format(n=n)
 
     def batch(
         self,
@@ -242,19 +247,25 @@ class Sweep:
 # `runs_failed` and `leases_reclaimed` say which metrics the supervisor feeds with a count
 # (cyclone_scanner_runs_failed_total{reason}, cyclone_lease_expirations_total).
 SWEEPS = (
-    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE),
-    Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE),
-    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",)),
-    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT),
-    Sweep("sleeps", sweep_sleeps),
+    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE,
+          said="failed {n} run(s) past their deadline"),
+    Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE,
+          said="failed {n} queued run(s) past their deadline"),
+    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",),
+          said="reclaimed {n} expired lease(s)"),
+    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT,
+          said="failed {n} run(s) waiting past max_wait"),
+    Sweep("sleeps", sweep_sleeps, said="woke {n} sleeping step(s)"),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
-    Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
-    Sweep("held_steps", sweep_held_steps),
-    Sweep("fair_clock", sweep_fair_clock),
+    Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2,
+          said="removed {n} supervisor(s) not seen for a while"),
+    Sweep("held_steps", sweep_held_steps, said="admitted {n} held step(s)"),
+    Sweep("fair_clock", sweep_fair_clock, said="moved {n} queue clock(s)"),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
-    Sweep("schedules", sweep_schedules),
-    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
-)
+    Sweep("schedules", sweep_schedules, said="handled {n} schedule tick(s)"),
+    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention",
+          said="deleted {n} finished run(s) past retention"),
+)  # fmt: skip
 
 
 def enabled_sweeps(settings: Mapping[str, float] | None = None) -> list[Sweep]:

@@ -111,13 +111,22 @@ def prepare(settings: Settings, registry: Registry) -> str:
     expected their first one must not pass unnoticed."""
     # Before any connection: the children forked later inherit it (a reload does not change it).
     use_prepared_statements(settings.database.prepared_statements)
-    dsn = resolve_dsn(settings.database.url, settings.database.embedded_dir, announce=log.warning)
+    dsn = resolve_dsn(
+        settings.database.url, settings.database.embedded_dir, announce=log.warning,
+        reused=log.info,
+    )  # fmt: skip
     if settings.database.migrate:
         migrate(dsn)
     with connect(dsn) as conn:
         check_schema(conn)
         register_workflows(conn, registry.values())
     log.info("workflows: %s", ", ".join(sorted(registry)) or "none", extra={"action": "register"})
+    if not settings.workflows.modules:
+        log.warning(
+            "[workflows] modules is empty: this supervisor imports no workflow, so its workers "
+            "lease nothing; list your modules, e.g. modules = [\"myapp.workflows\"]",
+            extra={"action": "register"},
+        )  # fmt: skip
     return dsn
 
 

@@ -194,14 +194,17 @@ class Arbiter:
         if handler is not None:
             handler()
 
-    def handle_term(self) -> None:
+    def handle_term(self, name: str = "SIGTERM") -> None:
         if self.draining:
-            log.warning("second stop signal: killing every child", extra={"action": "kill_all"})
+            log.warning(
+                "second stop signal (%s): killing every child", name, extra={"action": "kill_all"}
+            )  # fmt: skip
             self.kill_all(KillReason.SHUTDOWN)
         else:
-            self.begin_drain()
+            self.begin_drain(name)
 
-    handle_int = handle_term
+    def handle_int(self) -> None:
+        self.handle_term("SIGINT")
 
     def handle_chld(self) -> None:
         pass  # the wake-up was the point; tick() reaps
@@ -901,12 +904,12 @@ class Arbiter:
 
     # --- stopping -----------------------------------------------------------------------------
 
-    def begin_drain(self) -> None:
+    def begin_drain(self, why: str = "asked") -> None:
         self.draining = True
         self.drain_deadline = self.clock() + self.config.shutdown_timeout
         log.info(
-            "draining: %d busy workers get %.1fs", len(self.busy()), self.config.shutdown_timeout,
-            extra={"action": "drain"},
+            "%s: draining: %d busy workers get %.1fs", why, len(self.busy()),
+            self.config.shutdown_timeout, extra={"action": "drain"},
         )  # fmt: skip
         for handle in self.children.values():
             if not handle.retiring and handle.kill is None:
