@@ -25,7 +25,7 @@ from cyclone.child.process import (
     check_parent,
     init_process,
 )
-from cyclone.child.proctitle import set_title, worker_title
+from cyclone.child.proctitle import set_title, worker_name, worker_title
 from cyclone.context import CancelEvent, Effects
 from cyclone.db import connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
@@ -114,7 +114,9 @@ class Worker:
             self.options = replace(self.options, dsn=environ.scrub_environment(self.options.dsn))
             self.wakeup = Wakeup()
             self.install_signals()
-            self.name = f"{socket.gethostname()}:{os.getpid()}"
+            self.name = worker_name(
+                socket.gethostname(), self.parent, self.options.number, os.getpid()
+            )
             set_title(worker_title(self.options.number))
             try:
                 self.conn = self.connect()

@@ -66,7 +66,7 @@ def test_effects_happen_once_across_frozen_workers_and_a_killed_supervisor(
             pid for pid in first.workers()
             if env.conn.execute(
                 "SELECT 1 FROM cyclone_steps WHERE state = 'running' AND leased_by LIKE %s",
-                (f"%:{pid}",),
+                (f"% pid {pid}",),
             ).fetchone()
         ]  # fmt: skip
         if not busy:
