@@ -66,6 +66,22 @@ def default_data_dir() -> Path:
     return Path(base, "cyclone", "pgdata")
 
 
+def as_url(dsn: str) -> str:
+    """A key=value connection string as the postgresql:// URL it names (what `cyclone embedded
+    start` prints, and CYCLONE_DATABASE_URL takes): a socket directory goes in `host=`."""
+    from urllib.parse import quote
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    user = quote(params.pop("user", ""), safe="")
+    dbname = quote(params.pop("dbname", ""), safe="")
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+    return f"postgresql://{user}@/{dbname}" + (f"?{query}" if query else "")
+
+
 def data_dir(configured: str | os.PathLike[str] | None = None) -> Path:
     """CYCLONE_EMBEDDED_DIR, else `configured` (the config's embedded_dir), else per-user."""
     chosen = os.environ.get(ENV_EMBEDDED_DIR) or configured
