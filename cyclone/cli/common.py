@@ -44,6 +44,9 @@ from cyclone.sql import QUERIES
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
+# `run --wait --timeout` when the run is still going: timeout(1)'s status, not 1 (which says
+# the run failed or was cancelled).
+TIMED_OUT = 124
 CONNECT_TIMEOUT = 5
 # Every statement the CLI runs is bounded; status uses a shorter bound (it refreshes).
 STATEMENT_TIMEOUT_MS = 10_000

@@ -10,6 +10,7 @@ from cyclone.cli.common import (
     MAX_LIMIT,
     OK,
     REFUSED,
+    TIMED_OUT,
     USAGE,
     CliError,
     Session,
@@ -76,8 +77,9 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="wait for the run to end; exit 0 if it completed, 1 if it failed or was cancelled",
     )
     p.add_argument(
-        "--timeout", type=duration_arg, help="with --wait: give up after this long, e.g. 30s"
-    )
+        "--timeout", type=duration_arg,
+        help="with --wait: give up after this long, e.g. 30s; exit 124 if it is still going",
+    )  # fmt: skip
     p.set_defaults(run=show_run)
 
     p = sub.add_parser(
@@ -189,7 +191,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
     if args.wait:
         st = _wait(client, args.run_id, args.timeout)
         if st is None:
-            return REFUSED
+            return TIMED_OUT
     else:
         st = client.get_run(args.run_id)
     status = OK if not args.wait or st.state == RunState.COMPLETED else REFUSED
