@@ -32,9 +32,9 @@ from typing import Any
 import psycopg
 
 from cyclone.db import retrying
-from cyclone.engine.advance import RunRef, node_completed
+from cyclone.engine.advance import RunRef, fail_run, node_completed
 from cyclone.engine.graphs import graph_by_hash
-from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
+from cyclone.engine.runs import cancel_runs, lock_run, notify_revoked, settle_late
 from cyclone.engine.schedules import sweep_schedules
 from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind

@@ -118,3 +118,50 @@ def test_an_import_against_the_direction_is_caught(where: str, source: str) -> N
 )
 def test_an_import_along_the_direction_passes(where: str, source: str) -> None:
     assert violations(PACKAGE / where, source) == []
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """Each module of cyclone/engine and the engine modules it imports (function-local too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        name = module_name(path)
+        found = imported(path.read_text(), name, path.name == "__init__.py")
+        graph[name] = {
+            target for _, target in found
+            if target.startswith("cyclone.engine.") and target != name
+        }  # fmt: skip
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles among `graph`'s modules (the package's own __init__ left out: it
+    re-exports, and nothing below imports it)."""
+    found, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            found.append([*path[path.index(node):], node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            if nxt != "cyclone.engine":
+                visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        if node != "cyclone.engine":
+            visit(node, [])
+    return found
+
+
+def test_the_engine_modules_import_one_way() -> None:
+    """Issue 27, item 19: advance.py and runs.py imported each other (runs at the top, advance
+    in a function), as graphs.py and schedules.py did: no cycle, function-local imports too."""
+    assert cycles(engine_imports()) == []
+    assert "cyclone.engine.advance" not in engine_imports()["cyclone.engine.runs"]
+
+
+def test_a_cycle_is_caught() -> None:
+    graph = {"cyclone.engine.a": {"cyclone.engine.b"}, "cyclone.engine.b": {"cyclone.engine.a"}}
+    assert cycles(graph) == [["cyclone.engine.a", "cyclone.engine.b", "cyclone.engine.a"]]
