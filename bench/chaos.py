@@ -410,7 +410,7 @@ class Chaos:
     # -- submissions --
 
     def submit(self, n: int) -> None:
-        from cyclone.client import Client
+        from cyclone.clients.client import Client
 
         kind = self.rng.choice(["chain", "fan", "quick", "keyed", "narrow", "rated"])
         deadline = None
@@ -564,7 +564,7 @@ class Chaos:
         return self.rng.choice(busy) if busy else None
 
     def _client(self, what: str, run_id: str) -> bool:
-        from cyclone.client import Client
+        from cyclone.clients.client import Client
 
         try:
             with Client(self.server.dsn, pool_size=1) as client:
@@ -915,7 +915,7 @@ HOT = ("cyclone_steps", "cyclone_runs", "cyclone_supervisors", "chaos_effects")
 
 
 def soak_main(minutes: float, rate: float, seed: int) -> int:
-    from cyclone.client import Client
+    from cyclone.clients.client import Client
     from cyclone.migrate import migrate
     from cyclone.sql import QUERIES
 

@@ -6,8 +6,8 @@ nothing is lost: runs and steps live in PostgreSQL, and the database clock is th
 
 from __future__ import annotations
 
-from cyclone.aclient import AsyncClient
-from cyclone.client import Client, submit
+from cyclone.clients.aclient import AsyncClient
+from cyclone.clients.client import Client, submit
 from cyclone.context import StepContext
 from cyclone.errors import (
     ConfigError,

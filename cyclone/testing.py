@@ -26,8 +26,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cyclone import engine, runner
-from cyclone.aclient import AsyncClient
-from cyclone.client import Client
+from cyclone.clients.aclient import AsyncClient
+from cyclone.clients.client import Client
 from cyclone.context import Effects
 from cyclone.db import connect
 from cyclone.embedded import ensure_test_server

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config
 from cyclone.db import (
     MAX_PAYLOAD_BYTES,

@@ -27,7 +27,7 @@ from cyclone.cli.common import (
     to_jsonable,
     workflow_known,
 )
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
 from cyclone.engine.control import unheard_signals
 from cyclone.errors import PayloadTooLarge, RunNotFound, UnheardSignal

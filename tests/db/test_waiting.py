@@ -12,7 +12,7 @@ from cli_support import run_cli
 from client_faces import KINDS, make
 
 import cyclone
-from cyclone import waiting
+from cyclone.clients import waiting
 from cyclone.db import connect
 from cyclone.states import RunState
 from cyclone.testing import TestEnv

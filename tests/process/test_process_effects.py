@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from proc_helpers import LEASES, TTL, children, completed, restart, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.states import RunState
 from cyclone.testing import TestEnv
 

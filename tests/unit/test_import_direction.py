@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cyclone"
 
 # The packages above the engine; a module of the engine (cyclone/engine, cyclone/sql, the
-# modules at cyclone/'s top) may import none of them.
+# client side in cyclone/clients, the modules at cyclone/'s top) may import none of them.
 PROCESS_SIDE = ("supervisor", "worker", "scanner", "child", "cli", "status")
 FORBIDDEN = {
     "supervisor": ("cli", "status"),
@@ -27,7 +27,7 @@ FORBIDDEN = {
 def layer(path: Path) -> str | None:
     """The layer a module belongs to, by where it sits; None: the top (cli, status)."""
     parts = path.relative_to(PACKAGE).parts
-    if len(parts) == 1 or parts[0] in ("engine", "sql"):
+    if len(parts) == 1 or parts[0] in ("engine", "sql", "clients"):
         return "engine"
     if parts[0] in FORBIDDEN:
         return parts[0]
@@ -86,6 +86,9 @@ def test_no_module_imports_against_the_direction() -> None:
 def test_every_layer_is_there_to_be_checked() -> None:
     seen = {layer(path) for path in modules()}
     assert {"engine", "supervisor", "worker", "scanner", "child"} <= seen
+    # The client side is checked as the engine's layer (issue 27, item 20).
+    clients = sorted((PACKAGE / "clients").glob("*.py"))
+    assert len(clients) >= 5 and {layer(path) for path in clients} == {"engine"}
 
 
 @pytest.mark.parametrize(
@@ -100,6 +103,9 @@ def test_every_layer_is_there_to_be_checked() -> None:
         ("sql/__init__.py", "from .. import cli\n"),
         ("runner.py", "from cyclone.worker import Worker\n"),
         ("supervisor/arbiter.py", "from cyclone.cli.common import redact\n"),
+        ("clients/client.py", "from cyclone.cli.common import Session\n"),
+        ("clients/waiting.py", "def f():\n    from cyclone.supervisor import metrics\n"),
+        ("clients/calls.py", "from ..worker import Worker\n"),
     ],
 )
 def test_an_import_against_the_direction_is_caught(where: str, source: str) -> None:

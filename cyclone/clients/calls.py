@@ -5,7 +5,7 @@ connection is taken), then yields the statements to run in order and receives ea
 rows; what it returns is the call's result. `drive` runs a call on a psycopg Connection,
 `adrive` on an AsyncConnection: the two clients differ only in which one they use. Calls
 that walk run trees in Python (cancel, signal...) are the engine's own functions instead;
-AsyncClient runs those through cyclone.bridge.
+AsyncClient runs those through cyclone.clients.bridge.
 """
 
 from __future__ import annotations
