@@ -221,10 +221,10 @@ class Sweep:
     setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
     takes: tuple[str, ...] = ()  # scanner settings passed to it when given, whatever they are
     # What its count means, for the scanner's log line: "woke {n} sleeping step(s)".
-    said: str = "{n}"
+    said: str = ""
 
     def describe(self, n: int) -> str:
-        return self.said.format(n=n)
+        return self.said.format(n=n) if self.said else f"{self.name}: {n}"
 
     def batch(
         self,

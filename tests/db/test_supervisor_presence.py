@@ -207,6 +207,7 @@ def test_another_attempt_of_the_same_step_is_busy_from_its_own_lease(env: TestEn
     assert abs((row["seen_at"] - row["busy_since"]) - timedelta(seconds=1)) < timedelta(
         seconds=0.5
     )
+    presence.withdraw()
 
 
 def test_a_lease_names_its_worker_apart_from_its_supervisor() -> None:
