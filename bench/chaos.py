@@ -441,7 +441,8 @@ class Chaos:
         busy: dict[int, str] = {}
         for leased_by, run_id in rows or []:
             with contextlib.suppress(ValueError, AttributeError):
-                busy[int(leased_by.rsplit(":", 1)[1])] = run_id
+                # `host:sup worker N pid P` (child/proctitle.worker_name): the last word.
+                busy[int(leased_by.rsplit(None, 1)[-1].rsplit(":", 1)[-1])] = run_id
         return busy
 
     def workers(self, thawed: bool = True) -> list[tuple[Supervisor, int]]:
