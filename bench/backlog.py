@@ -44,7 +44,7 @@ from runtime import (
 )
 
 import cyclone
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.testing import TestEnv, server_dsn
 
 BATCH = 1000

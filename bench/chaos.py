@@ -410,7 +410,7 @@ class Chaos:
     # -- submissions --
 
     def submit(self, n: int) -> None:
-        from cyclone.client import Client
+        from cyclone.clients.client import Client
 
         kind = self.rng.choice(["chain", "fan", "quick", "keyed", "narrow", "rated"])
         deadline = None
@@ -441,7 +441,8 @@ class Chaos:
         busy: dict[int, str] = {}
         for leased_by, run_id in rows or []:
             with contextlib.suppress(ValueError, AttributeError):
-                busy[int(leased_by.rsplit(":", 1)[1])] = run_id
+                # `host:sup worker N pid P` (child/proctitle.worker_name): the last word.
+                busy[int(leased_by.rsplit(None, 1)[-1].rsplit(":", 1)[-1])] = run_id
         return busy
 
     def workers(self, thawed: bool = True) -> list[tuple[Supervisor, int]]:
@@ -564,7 +565,7 @@ class Chaos:
         return self.rng.choice(busy) if busy else None
 
     def _client(self, what: str, run_id: str) -> bool:
-        from cyclone.client import Client
+        from cyclone.clients.client import Client
 
         try:
             with Client(self.server.dsn, pool_size=1) as client:
@@ -915,7 +916,7 @@ HOT = ("cyclone_steps", "cyclone_runs", "cyclone_supervisors", "chaos_effects")
 
 
 def soak_main(minutes: float, rate: float, seed: int) -> int:
-    from cyclone.client import Client
+    from cyclone.clients.client import Client
     from cyclone.migrate import migrate
     from cyclone.sql import QUERIES
 

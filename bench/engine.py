@@ -45,7 +45,7 @@ from psycopg import errors, pq, sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from cyclone import db, runner
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.engine import lease_step
 from cyclone.sql import QUERIES
 from cyclone.testing import TestEnv, server_dsn

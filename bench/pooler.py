@@ -41,7 +41,7 @@ import psycopg
 from engine import SHAPES, bench_database, revision
 from launch import Supervisor
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.testing import TestEnv, server_dsn
 
 HERE = Path(__file__).resolve().parent

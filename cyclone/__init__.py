@@ -6,8 +6,8 @@ nothing is lost: runs and steps live in PostgreSQL, and the database clock is th
 
 from __future__ import annotations
 
-from cyclone.aclient import AsyncClient
-from cyclone.client import Client, submit
+from cyclone.clients.aclient import AsyncClient
+from cyclone.clients.client import Client, submit
 from cyclone.context import StepContext
 from cyclone.errors import (
     ConfigError,
@@ -22,6 +22,7 @@ from cyclone.errors import (
     RunStuck,
     ScheduleNotFound,
     StepNotFound,
+    UnheardSignal,
     WorkflowNotFound,
 )
 from cyclone.migrate import migrate
@@ -59,6 +60,7 @@ __all__ = [
     "StepInfo",
     "StepNotFound",
     "StepState",
+    "UnheardSignal",
     "Workflow",
     "WorkflowNotFound",
     "migrate",

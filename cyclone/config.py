@@ -18,7 +18,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cyclone.durations import DURATION_HELP, format_duration, parse_duration
+from cyclone.durations import (
+    DURATION_HELP,
+    DurationOutOfRange,
+    format_duration,
+    parse_duration,
+)
 from cyclone.errors import ConfigError
 from cyclone.redact import URL_SCHEME, redact_dsn, show_value
 
@@ -181,6 +186,7 @@ SECTION_DOCS = {
     "metrics": "Prometheus metrics, aggregated across the supervisor's processes, at /metrics.",
     "workflows": "Python modules that define workflows; imported by the supervisor at start-up.",
     "logging": "Log output of every Cyclone process.",
+    "tracing": "OpenTelemetry: a span per attempt, in the trace current at submit.",
 }
 
 SETTINGS: tuple[Setting, ...] = (
@@ -259,6 +265,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Lowest level logged."),
     Setting("logging", "format", STR, "text", _one_of("text", "json"),
             "\"text\" for people, \"json\" (one object a line) for log shippers."),
+    Setting("tracing", "enabled", BOOL, False, None,
+            "Export a span per attempt with OpenTelemetry (needs the otel extra), child of the "
+            "trace current at submit; the OTEL_* variables configure the exporter."),
 )  # fmt: skip
 
 _BY_SECTION: dict[str, dict[str, Setting]] = {}
@@ -346,6 +355,11 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingConfig:
+    enabled: bool = _default("tracing", "enabled")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
@@ -354,6 +368,7 @@ class Settings:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
 
 SECTION_CLASSES: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)}  # type: ignore[misc]
@@ -395,13 +410,17 @@ def _read_toml(origin: str, path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def _check_value(origin: str, setting: Setting, raw: Any) -> Any:
+    why = ""
     try:
         value = setting.type.coerce(raw)
         valid = setting.validator is None or setting.validator.test(value)
+    except DurationOutOfRange as exc:
+        valid, why = False, f": a duration {exc.why}"
     except (ValueError, TypeError):
         valid = False
     if not valid:
-        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {show_value(raw)}")
+        got = f"got {show_value(raw)}{why}"
+        raise _fail(origin, f"{setting.label}: expected {setting.expected}, {got}")
     return value
 
 

@@ -43,10 +43,14 @@ def prepare_threshold() -> int | None:
 
 
 def resolve_dsn(
-    dsn: str | None, embedded_dir: str | None = None, announce: Callable[[str], None] | None = None
+    dsn: str | None,
+    embedded_dir: str | None = None,
+    announce: Callable[[str], None] | None = None,
+    reused: Callable[[str], None] | None = None,
 ) -> str:
     """The DSN to use: the one given, else CYCLONE_DATABASE_URL, else the embedded server,
-    started (or created, which `announce` reports) in `embedded.data_dir(embedded_dir)`."""
+    started (or created, which `announce` reports) in `embedded.data_dir(embedded_dir)`;
+    `reused` is told when a server already running there is used."""
     if dsn:
         return dsn
     env = os.environ.get("CYCLONE_DATABASE_URL")
@@ -56,8 +60,8 @@ def resolve_dsn(
 
     where = embedded.data_dir(embedded_dir)
     if announce is None:
-        return embedded.ensure_server(where)
-    return embedded.ensure_server(where, announce=announce)
+        return embedded.ensure_server(where, reused=reused)
+    return embedded.ensure_server(where, announce=announce, reused=reused)
 
 
 # The values libpq accepts for the options that take one of a few words: a value outside them
@@ -310,8 +314,15 @@ def encode_json(value: Any, what: str = "value", limit: int = MAX_PAYLOAD_BYTES)
     if "\\u0000" in text:
         raise TypeError(f"{what}: contains a NUL character, which PostgreSQL cannot store")
     if size > limit:
-        raise PayloadTooLarge(f"{what}: {size} bytes of JSON is over the limit of {limit} bytes")
+        raise PayloadTooLarge(too_large(what, f"{size} bytes", limit))
     return text
+
+
+def too_large(what: str, size: str, limit: int = MAX_PAYLOAD_BYTES) -> str:
+    """The one message for a payload over its limit, wherever it is found (the client's encode,
+    the CLI's read of @FILE or stdin): `size` says how large it is, as far as it was read."""
+    shown = f"{limit // 2**20} MiB ({limit} bytes)" if limit % 2**20 == 0 else f"{limit} bytes"
+    return f"{what}: {size} of JSON, over the payload limit of {shown}"
 
 
 # One cursor per connection for the statements of every step (a lease, a completion with the

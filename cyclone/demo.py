@@ -70,9 +70,12 @@ def hang(ctx: cyclone.StepContext) -> None:
         time.sleep(1)
 
 
+ORDERS = 3  # demo-order runs submitted
+
+
 def submit_demo_runs(client: cyclone.Client) -> list[str]:
     ids = []
-    for n in range(3):
+    for n in range(ORDERS):
         run_id = client.submit(
             orders, {"order": n, "items": ["a", "b", "c"]}, run_deadline=timedelta(minutes=2)
         )
@@ -126,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     except CycloneError as exc:
         say(f"cyclone.demo: {exc}")
         return 2
-    say(f"submitted {len(ids)} demo runs; starting cyclone-supervisor --config {config}")
+    # `cyclone runs` lists the child runs the orders start too: say so, or the counts differ.
+    children = sum(1 for n in orders.graph.nodes.values() if n.kind == cyclone.NodeKind.CHILD)
+    say(
+        f"submitted {len(ids)} demo runs (the orders start {children * ORDERS} child runs more: "
+        f"cyclone runs lists {len(ids) + children * ORDERS}); starting cyclone-supervisor "
+        f"--config {config}"
+    )
     say(NEXT_STEPS)
     supervisor = subprocess.Popen([sys.executable, "-m", "cyclone.supervisor", "--config", config])
     # Ctrl-C reaches the supervisor too (one process group): it drains, and we wait for it.

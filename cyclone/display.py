@@ -130,6 +130,8 @@ def print_listing(out: Any, columns: Sequence[Column], rows: Sequence[Sequence[A
     row is printed as a record, one `name  value` line per column (like psql's `\\x`), with
     lines longer than the terminal left for it to wrap rather than cut.
     """
+    if not rows:
+        return Shown("empty", out.width)  # no header over nothing: the caller says "none"
     empty = {i for i, c in enumerate(columns) if c.hide_empty and all(r[i] is None for r in rows)}
     every, columns = columns, [c for i, c in enumerate(columns) if i not in empty]
     texts = [

@@ -24,6 +24,15 @@ MAX_DURATION = 36500 * 86400.0
 DURATION_HELP = 'a number of seconds or a string like "500ms", "30s", "5m", "2h", "7d", "1h30m"'
 
 
+class DurationOutOfRange(ValueError):
+    """A duration that reads as one but is negative or too long: `why` says which, for a
+    message that names it (the config's "expected a duration, got -5s" did not)."""
+
+    def __init__(self, value: object, why: str) -> None:
+        self.why = why
+        super().__init__(f"invalid duration {show_value(value)}: {why}")
+
+
 def parse_duration(value: object) -> float:
     """Return `value` in seconds: "500ms", "30s", "5m", "2h", "7d", "1h30m", or a number >= 0."""
     if isinstance(value, timedelta):
@@ -36,7 +45,7 @@ def parse_duration(value: object) -> float:
         if len(text) > 400:  # bounds the Decimal arithmetic below (it traps on huge exponents)
             raise ValueError(f"invalid duration {show_value(value)}: too long")
         if text[:1] == "-" and (_PLAIN_NUMBER.fullmatch(text[1:]) or _DURATION.fullmatch(text[1:])):
-            raise ValueError(f"invalid duration {show_value(value)}: must not be negative")
+            raise DurationOutOfRange(value, "must not be negative")
         if _PLAIN_NUMBER.fullmatch(text):
             seconds = float(Decimal(text))
         elif _DURATION.fullmatch(text):
@@ -51,9 +60,9 @@ def parse_duration(value: object) -> float:
         # Compare before float(): a huge TOML integer would overflow the conversion.
         seconds = float(value) if value <= MAX_DURATION else math.inf
     if seconds < 0:
-        raise ValueError(f"invalid duration {show_value(value)}: must not be negative")
+        raise DurationOutOfRange(value, "must not be negative")
     if seconds > MAX_DURATION:
-        raise ValueError(f"invalid duration {show_value(value)}: longer than 36500d")
+        raise DurationOutOfRange(value, "longer than 36500d")
     return seconds
 
 

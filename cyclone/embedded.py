@@ -66,6 +66,22 @@ def default_data_dir() -> Path:
     return Path(base, "cyclone", "pgdata")
 
 
+def as_url(dsn: str) -> str:
+    """A key=value connection string as the postgresql:// URL it names (what `cyclone embedded
+    start` prints, and CYCLONE_DATABASE_URL takes): a socket directory goes in `host=`."""
+    from urllib.parse import quote
+
+    from psycopg.conninfo import conninfo_to_dict
+
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    params = {k: str(v) for k, v in conninfo_to_dict(dsn).items()}
+    user = quote(params.pop("user", ""), safe="")
+    dbname = quote(params.pop("dbname", ""), safe="")
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+    return f"postgresql://{user}@/{dbname}" + (f"?{query}" if query else "")
+
+
 def data_dir(configured: str | os.PathLike[str] | None = None) -> Path:
     """CYCLONE_EMBEDDED_DIR, else `configured` (the config's embedded_dir), else per-user."""
     chosen = os.environ.get(ENV_EMBEDDED_DIR) or configured
@@ -321,10 +337,12 @@ def ensure_server(
     announce: Announce = _stderr,
     *,
     allow_root: bool | None = None,
+    reused: Announce | None = None,
 ) -> str:
     """Start the embedded server in `path` (default: `data_dir()`), or reuse the one running
     there once it answers; return its DSN. A new cluster is announced in one line (where, and
-    how to stop it). ConfigError, in one line saying what to do, when it cannot be used.
+    how to stop it); a reused one to `reused`, when given (the supervisor logs it).
+    ConfigError, in one line saying what to do, when it cannot be used.
 
     The server is left running when this process exits, so the next start is instant and
     several processes (a supervisor, the CLI, tests) share it. As root it starts only when
@@ -344,6 +362,11 @@ def ensure_server(
             raise ConfigError(
                 f"the PostgreSQL running in {target} cannot be used ({why}): stop it with "
                 f"`cyclone embedded stop --dir {target}`, then start again"
+            )
+        if reused is not None:
+            reused(
+                f"reusing the embedded PostgreSQL already running in {target} "
+                f"(`cyclone embedded stop --dir {target}` stops it)"
             )
         return state.dsn
     if any(c.isspace() for c in str(target)):

@@ -43,8 +43,17 @@ class PermanentError(CycloneError):
     """Raised by a handler to dead-letter its step at once, without retries."""
 
 
-class RunStuck(CycloneError):
-    """A run can make no progress without outside help (a signal)."""
+class RunStuck(CycloneError, TimeoutError):
+    """A run can make no progress without outside help (a signal).
+
+    A TimeoutError: under `TestEnv`, a client's `wait(run_id, timeout)` on such a run raises it
+    where a real client would wait out the timeout, and code that catches the client's
+    TimeoutError catches it too (issue 27, item 18)."""
+
+
+class UnheardSignal(UserWarning):
+    """A signal was sent to a run whose graph has no wait node listening for that name: it is
+    kept (a signal may come before its wait), but most likely the name is mistyped."""
 
 
 class LeaseLost(CycloneError):

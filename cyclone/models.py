@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from cyclone.states import ErrorKind, NodeKind, RunState, StepState
+from cyclone.states import DEAD_KINDS, ErrorKind, NodeKind, RunState, StepState
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +127,16 @@ class ExhaustedQuery:
 
     def __post_init__(self) -> None:
         if self.reason is not None:
+            kinds = ", ".join(k.value for k in DEAD_KINDS)
             try:
                 object.__setattr__(self, "reason", ErrorKind(self.reason))
             except ValueError:
-                kinds = ", ".join(k.value for k in ErrorKind)
                 raise ValueError(f"unknown error kind {self.reason!r} (one of: {kinds})") from None
+            if self.reason not in DEAD_KINDS:
+                raise ValueError(
+                    f"no dead step has error kind {self.reason!r}: a cancelled run's steps are "
+                    f"discarded, not dead-lettered (one of: {kinds})"
+                )
         if self.since is not None and not isinstance(self.since, timedelta | datetime):
             raise TypeError(f"since: expected a timedelta or a datetime, got {self.since!r}")
         if self.workflow is not None and not isinstance(self.workflow, str):

@@ -41,12 +41,12 @@ class OutageLog:
         self.failures += 1
         if self.since is None:
             self.since = self.last_logged = now
-            self.logger.warning("%s: database unavailable: %s", self.what, _one_line(exc))
+            self.logger.warning("%s: database unavailable: %s", self.what, one_line(exc))
         elif now - self.last_logged >= self.every:
             self.last_logged = now
             self.logger.warning(
                 "%s: database still unavailable after %.0fs (%d failed attempts): %s",
-                self.what, now - self.since, self.failures, _one_line(exc),
+                self.what, now - self.since, self.failures, one_line(exc),
             )  # fmt: skip
 
     def succeeded(self) -> bool:
@@ -62,5 +62,7 @@ class OutageLog:
         return True
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """An error as one line: libpq's messages run over two or three ("connection to server
+    ... failed" then the reason), and a log line is one event."""
     return " ".join(str(exc).split()) or type(exc).__name__

@@ -69,6 +69,9 @@ LIVE_STEP_STATES = frozenset({StepState.AVAILABLE, StepState.RUNNING, StepState.
 RETRIED_KINDS = frozenset(
     {ErrorKind.ERROR, ErrorKind.TIMEOUT, ErrorKind.CRASHED, ErrorKind.LEASE_EXPIRED}
 )
+# The kinds a dead step may have (the DLQ's reasons): a cancelled run's steps are discarded,
+# never dead, so `cancelled` is none of them.
+DEAD_KINDS = tuple(kind for kind in ErrorKind if kind is not ErrorKind.CANCELLED)
 
 # The exact text docs/run-deadlines.md promises for steps killed by a run deadline.
 DEADLINE_ERROR = "run deadline exceeded"

@@ -22,13 +22,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cyclone import engine, runner
-from cyclone.aclient import AsyncClient
-from cyclone.client import Client
+from cyclone.clients.aclient import AsyncClient
+from cyclone.clients.client import Client
 from cyclone.context import Effects
 from cyclone.db import connect
 from cyclone.embedded import ensure_test_server
@@ -236,8 +235,17 @@ class TestEnv:
         return self.client.steps(run_id)
 
 
-@pytest.fixture
-def cyclone_env() -> Iterator[TestEnv]:
+def _env() -> Iterator[TestEnv]:
     """A fresh, isolated TestEnv per test; register workflows with `cyclone_env.register(wf)`."""
     with TestEnv() as env:
         yield env
+
+
+# The fixture needs pytest; the harness does not (`pip install cyclone` has no pytest, and a
+# script or another test runner may use TestEnv alone).
+try:
+    import pytest
+except ImportError:
+    pass
+else:
+    cyclone_env = pytest.fixture(name="cyclone_env")(_env)

@@ -105,13 +105,20 @@ class Leased:
     # When the statement that took the lease was sent, on the host's monotonic clock (which
     # worker and supervisor share): the database's lease runs from no earlier than this.
     since: float | None = None
+    # A map item's index (its log lines name it); None for any other step.
+    item: int | None = None
+
+
+EXPANDED = "expanded"  # Done.outcome of a map's row that made its items
 
 
 @dataclass(frozen=True, slots=True)
 class Done:
     verb: ClassVar[str] = "done"
     step_id: int
-    outcome: str  # "completed", "failed", "lost" (the fenced write matched nothing)
+    # "completed", "failed", "lost" (the fenced write matched nothing), or "expanded": a map's
+    # row that evaluated its items (no step of its own: neither counted nor timed as one).
+    outcome: str
     duration: float
     # A failure's first line, cut to ERROR_CHARS (the whole text is in the database), and
     # whether the worker expects a retry: both only for the supervisor's log.
@@ -263,7 +270,7 @@ def _encode_leased(m: Leased) -> str:
         f'leased {{"step_id":{m.step_id},"token":{_str(m.token)},"run_id":{_str(m.run_id)},'
         f'"workflow":{_str(m.workflow)},"node":{_str(m.node)},"attempt":{m.attempt},'
         f'"kill_after":{_num(m.kill_after)},"deadline_left":{_num(m.deadline_left)},'
-        f'"since":{_num(m.since)}}}\n'
+        f'"since":{_num(m.since)},"item":{_num(m.item)}}}\n'
     )
 
 
@@ -367,7 +374,7 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     Leased: {
         "step_id": _is_id, "token": _is_uuid, "run_id": _is_text, "workflow": _is_text,
         "node": _is_text, "attempt": _is_count, "kill_after": _maybe(_is_num),
-        "deadline_left": _maybe(_is_num), "since": _maybe(_is_num),
+        "deadline_left": _maybe(_is_num), "since": _maybe(_is_num), "item": _maybe(_is_count),
     },
     Done: {
         "step_id": _is_id, "outcome": _is_text, "duration": _is_num, "error": _maybe(_is_text),

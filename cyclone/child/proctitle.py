@@ -23,6 +23,13 @@ if _ENABLED:
     _spt.getproctitle()
 
 
+def worker_name(host: str, supervisor_pid: int, number: int, pid: int) -> str:
+    """Who holds a lease (cyclone_steps.leased_by): `vm-1:4310 worker 2 pid 4315`. The
+    supervisor's host:pid first, as `cyclone workers` names it, then which of its workers: a
+    bare `host:pid` read as a supervisor's, and was a worker's."""
+    return f"{host}:{supervisor_pid} worker {number} pid {pid}"
+
+
 def set_title(title: str) -> None:
     if _ENABLED:
         _spt.setproctitle(title)

@@ -2,7 +2,8 @@
 
     cyclone [--config FILE | --dsn URL] COMMAND [--json] ...
 
-Exit status: 0 done, 1 not found or refused, 2 usage or configuration, 3 database unreachable.
+Exit status: 0 done, 1 not found or refused, 2 usage or configuration, 3 database unreachable,
+124 `run --wait --timeout` ran out with the run still going.
 No command prints a traceback or a password. `main(argv)` returns the status, so tests run the
 CLI in-process; the `cyclone` console script exits with it.
 """
@@ -37,6 +38,7 @@ from cyclone.errors import (
     StepNotFound,
     WorkflowNotFound,
 )
+from cyclone.version import package_version
 
 _NOT_FOUND = (RunNotFound, StepNotFound, WorkflowNotFound, ScheduleNotFound, RetryRefused)
 
@@ -59,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cyclone",
         description="Operate Cyclone: runs, steps, the DLQ, workers and the live status view.",
         epilog="Exit status: 0 done, 1 not found or refused, 2 usage or config, "
-        "3 database unreachable. The database is --dsn, else the config's database.url, else "
-        "CYCLONE_DATABASE_URL, else the embedded server.",
+        "3 database unreachable, 124 run --wait --timeout ran out. The database is --dsn, "
+        "else the config's database.url, else CYCLONE_DATABASE_URL, else the embedded server.",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"cyclone {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (admin, runs, dlq, status, limits, schedules, versions, embedded):
         module.add_commands(sub, [common, listing])

@@ -24,7 +24,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.config import ENV_DATABASE_URL, load_config
 from cyclone.db import (
     MAX_PAYLOAD_BYTES,
@@ -32,6 +32,7 @@ from cyclone.db import (
     connect,
     is_step_id,
     resolve_dsn,
+    too_large,
     with_options,
 )
 from cyclone.display import Shown
@@ -39,9 +40,13 @@ from cyclone.durations import parse_duration
 from cyclone.errors import ConfigError
 from cyclone.redact import redact_dsn, redact_error
 from cyclone.sanitize import printable
+from cyclone.sql import QUERIES
 
 # Exit statuses (docs/cli.md, "Exit status").
 OK, REFUSED, USAGE, UNREACHABLE = 0, 1, 2, 3
+# `run --wait --timeout` when the run is still going: timeout(1)'s status, not 1 (which says
+# the run failed or was cancelled).
+TIMED_OUT = 124
 CONNECT_TIMEOUT = 5
 # Every statement the CLI runs is bounded; status uses a shorter bound (it refreshes).
 STATEMENT_TIMEOUT_MS = 10_000
@@ -270,8 +275,9 @@ def json_arg(value: str) -> Any:
         raise ArgumentTypeError(f"{origin}not JSON: {exc}") from None
 
 
-# The client refuses a payload over MAX_PAYLOAD_BYTES once encoded; this only keeps a huge
-# file (or an endless pipe) from being read into memory to find that out.
+# The client refuses a payload over MAX_PAYLOAD_BYTES once encoded (compact: a pretty-printed
+# file may be larger); this only keeps a huge file (or an endless pipe) from being read into
+# memory to find that out. Either way the message is the payload limit's (db.too_large).
 _READ_LIMIT = 16 * MAX_PAYLOAD_BYTES
 
 
@@ -296,7 +302,7 @@ def _read_stdin() -> str:
 
 def _decode(data: bytes, origin: str) -> str:
     if len(data) > _READ_LIMIT:
-        raise ArgumentTypeError(f"{origin}: larger than {_READ_LIMIT // 2**20} MiB")
+        raise ArgumentTypeError(too_large(origin, f"more than {_READ_LIMIT} bytes"))
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -337,6 +343,15 @@ def to_jsonable(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     return value
+
+
+def workflow_known(session: Session, name: str) -> bool:
+    """For a listing by workflow that found nothing: whether that workflow exists; if not, say
+    so (a mistyped name otherwise reads as "no runs")."""
+    if session.connect().execute(QUERIES["workflow_get"], {"workflow": name}).fetchone():
+        return True
+    message(f"no workflow named {name!r} is registered")
+    return False
 
 
 def note_hidden(shown: Shown) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from cyclone.cli.common import (
     MAX_LIMIT,
     OK,
+    REFUSED,
     Session,
     console,
     duration_arg,
@@ -19,12 +20,13 @@ from cyclone.cli.common import (
     positive_duration_arg,
     step_id_arg,
     text_arg,
+    workflow_known,
 )
 from cyclone.display import Column, print_listing, when
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.models import ExhaustedQuery
 from cyclone.sanitize import printable
-from cyclone.states import ErrorKind
+from cyclone.states import DEAD_KINDS
 
 
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
@@ -32,7 +34,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     dsub = dlq.add_subparsers(dest="dlq_command", metavar="COMMAND", required=True)
 
     p = dsub.add_parser("list", parents=common, help="dead steps, newest first")
-    p.add_argument("--reason", choices=[k.value for k in ErrorKind], help="error kind")
+    p.add_argument(
+        "--reason", choices=[k.value for k in DEAD_KINDS], metavar="REASON",
+        help=f"the dead steps' error kind: {', '.join(k.value for k in DEAD_KINDS)}",
+    )  # fmt: skip
     p.add_argument("--workflow", type=text_arg, help="only steps of this workflow")
     p.add_argument("--since", type=duration_arg, help="dead within this long, e.g. 1h")
     p.add_argument(
@@ -95,6 +100,8 @@ def list_dead(session: Session, args: argparse.Namespace) -> int:
         ],
     )
     if not steps:
+        if args.workflow is not None and not workflow_known(session, args.workflow):
+            return REFUSED
         message("the DLQ has no steps that match")
     note_hidden(shown)
     return OK

@@ -14,6 +14,12 @@ from typing import Any
 from cyclone import embedded
 from cyclone.cli.common import OK, REFUSED, Session, emit_json, message
 
+WHERE = (
+    "Its data directory: --dir, else CYCLONE_EMBEDDED_DIR, else the config's [database] "
+    "embedded_dir, else $XDG_DATA_HOME/cyclone/pgdata (~/.local/share/cyclone/pgdata when "
+    "XDG_DATA_HOME is unset)."
+)
+
 
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     top = sub.add_parser(
@@ -21,17 +27,18 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="the embedded PostgreSQL: status, start, stop",
         description=(
             "The embedded PostgreSQL (used when no database URL is set) keeps running after the "
-            "command that started it. Its data directory: --dir, else CYCLONE_EMBEDDED_DIR, else "
-            "the config's [database] embedded_dir, else ~/.local/share/cyclone/pgdata."
+            f"command that started it. {WHERE}"
         ),
     )
     esub = top.add_subparsers(dest="embedded_command", metavar="COMMAND", required=True)
     for name, run, text in (
         ("status", status, "where it is, whether it runs, and from which binaries"),
-        ("start", start, "create (first time) and start it; prints its URL"),
+        ("start", start, "create (first time) and start it; prints its postgresql:// URL"),
         ("stop", stop, "stop it (a fast shutdown: open sessions end)"),
     ):
-        p = esub.add_parser(name, parents=common, help=text, description=text)
+        p = esub.add_parser(
+            name, parents=common, help=text, description=f"{text[0].upper()}{text[1:]}. {WHERE}"
+        )
         which = p.add_mutually_exclusive_group()
         which.add_argument("--dir", metavar="DIR", help="the data directory to act on")
         which.add_argument(
@@ -65,7 +72,7 @@ def describe(path: Path) -> dict[str, Any]:
         "executable": state.executable,
         "this_install": None if state.executable is None else state.executable == ours,
         "problem": (state.foreign() or embedded.probe(state.dsn)) if state.dsn else None,
-        "url": state.dsn,
+        "url": None if state.dsn is None else embedded.as_url(state.dsn),
     }
 
 
@@ -94,10 +101,11 @@ def status(session: Session, args: argparse.Namespace) -> int:
 def start(session: Session, args: argparse.Namespace) -> int:
     path = _target(session, args)
     dsn = embedded.ensure_test_server(path) if args.tests else embedded.ensure_server(path)
+    url = embedded.as_url(dsn)
     if args.json:
-        emit_json({"data_dir": str(path), "url": dsn})
+        emit_json({"data_dir": str(path), "url": url})
     else:
-        print(dsn)
+        print(url)
     return OK
 
 

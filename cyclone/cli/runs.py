@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 from typing import Any
 
 from cyclone.cli.common import (
     MAX_LIMIT,
     OK,
     REFUSED,
+    TIMED_OUT,
     USAGE,
     CliError,
     Session,
@@ -23,10 +25,12 @@ from cyclone.cli.common import (
     run_id_arg,
     text_arg,
     to_jsonable,
+    workflow_known,
 )
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.display import Column, cell, print_listing, records, seconds, when
-from cyclone.errors import PayloadTooLarge, RunNotFound
+from cyclone.engine.control import unheard_signals
+from cyclone.errors import PayloadTooLarge, RunNotFound, UnheardSignal
 from cyclone.models import RunStatus, node_label
 from cyclone.sanitize import printable, printable_lines
 from cyclone.sql import QUERIES
@@ -37,7 +41,9 @@ _NO_INPUT: Any = object()
 
 def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("submit", parents=common, help="start a run of a registered workflow")
-    p.add_argument("workflow", type=text_arg, help="the workflow's registered name")
+    p.add_argument(
+        "workflow", type=text_arg, metavar="WORKFLOW", help="the workflow's registered name"
+    )
     p.add_argument(
         "--input",
         type=json_arg,
@@ -53,7 +59,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.set_defaults(run=submit)
 
     p = sub.add_parser("runs", parents=common, help="list runs, newest first")
-    p.add_argument("--state", choices=[s.value for s in RunState], help="only runs in this state")
+    p.add_argument(
+        "--state", choices=[s.value for s in RunState], metavar="STATE",
+        help=f"only runs in this state: {', '.join(s.value for s in RunState)}",
+    )  # fmt: skip
     p.add_argument("--workflow", type=text_arg, help="only runs of this workflow")
     p.add_argument(
         "--limit", type=limit_arg, default=50, help=f"at most this many (max {MAX_LIMIT})"
@@ -68,8 +77,9 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="wait for the run to end; exit 0 if it completed, 1 if it failed or was cancelled",
     )
     p.add_argument(
-        "--timeout", type=duration_arg, help="with --wait: give up after this long, e.g. 30s"
-    )
+        "--timeout", type=duration_arg,
+        help="with --wait: give up after this long, e.g. 30s; exit 124 if it is still going",
+    )  # fmt: skip
     p.set_defaults(run=show_run)
 
     p = sub.add_parser(
@@ -84,7 +94,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
-    p.add_argument("--state", choices=[s.value for s in StepState], help="only steps in this state")
+    p.add_argument(
+        "--state", choices=[s.value for s in StepState], metavar="STATE",
+        help=f"only steps in this state: {', '.join(s.value for s in StepState)}",
+    )  # fmt: skip
     p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
     p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
     p.set_defaults(run=show_steps)
@@ -164,6 +177,8 @@ def list_runs(session: Session, args: argparse.Namespace) -> int:
         ],
     )
     if not rows:
+        if args.workflow is not None and not workflow_known(session, args.workflow):
+            return REFUSED
         message("no runs match")
     note_hidden(shown)
     return OK
@@ -176,7 +191,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
     if args.wait:
         st = _wait(client, args.run_id, args.timeout)
         if st is None:
-            return REFUSED
+            return TIMED_OUT
     else:
         st = client.get_run(args.run_id)
     status = OK if not args.wait or st.state == RunState.COMPLETED else REFUSED
@@ -193,6 +208,12 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
         ),
         soft_wrap=True,
     )
+    for name, count in unheard_signals(session.connect(), args.run_id):
+        times = f" ({count} times)" if count > 1 else ""
+        message(
+            f"signal {name!r} was sent{times} but no wait node of {st.workflow} listens for it: "
+            "kept, unheard (a mistyped name?)"
+        )
     return status
 
 def _wait(client: Client, run_id: str, timeout: float | None) -> RunStatus | None:
@@ -327,9 +348,13 @@ _PAST = {"cancel": "cancelled", "pause": "paused", "resume": "resumed"}
 def signal(session: Session, args: argparse.Namespace) -> int:
     client = session.client()
     try:
-        sent = client.signal(args.run_id, args.name, args.payload)
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", UnheardSignal)
+            sent = client.signal(args.run_id, args.name, args.payload)
     except (TypeError, ValueError, PayloadTooLarge) as exc:
         raise CliError(USAGE, str(exc)) from None
+    for warning in said:
+        message(f"warning: {warning.message}")
     if args.json:
         emit_json({"run_id": args.run_id, "signal": args.name, "sent": sent})
     if not sent:

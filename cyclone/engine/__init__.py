@@ -5,11 +5,12 @@ functions; only the process orchestration around them differs. Each takes an opt
 (None means the database clock) so tests can move time without sleeping.
 
 steps.py     a worker's side of a step: lease, heartbeat, complete, fail, release, fenced
-advance.py   how a run moves: a node completes, its downstream nodes get steps
-runs.py      a run's own operations: submit, lock, fail, cancel a tree of runs
+advance.py   how a run moves: a node completes, its downstream nodes get steps, a run fails
+runs.py      a run's own operations: submit, lock, cancel a tree of runs (advance.py uses it)
 control.py   operations on whole runs from outside: cancel, pause, resume, signal
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
+register.py  registering workflows: graphs and declared schedules in one transaction
 versions.py  which graph versions a process's code can run: what it may lease
 patches.py   ctx.patched(): a change's answer, recorded once per run
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many
@@ -21,8 +22,9 @@ sweeps.py    the scanner's sweeps: SWEEPS, one entry each in run order, and thei
 from __future__ import annotations
 
 from cyclone.engine.control import cancel_run, pause_run, resume_run, signal_run
-from cyclone.engine.graphs import current_graph, graph_by_hash, register_workflows
+from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.engine.patches import patched
+from cyclone.engine.register import register_workflows
 from cyclone.engine.runs import submit_runs
 from cyclone.engine.schedules import (
     backfill_schedule,

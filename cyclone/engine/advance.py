@@ -1,6 +1,8 @@
 """How a run moves: a node completes, its downstream nodes get steps, the run ends.
 
 Every function here runs inside the caller's transaction, after the caller locked the run.
+It stands on runs.py (a run's own operations: lock, cancel, settle), never the other way: a
+run's end that reaches its parent (`child_finished`, `fail_run`) is a move of the graph, here.
 Nothing here runs user code: nodes that need it (map items, child inputs) get a step that a
 worker, which has the code, leases and evaluates.
 """
@@ -14,10 +16,17 @@ from typing import Any
 
 import psycopg
 
-from cyclone.engine.graphs import graph_by_hash
+from cyclone.engine.graphs import graph_by_hash, node_rows
+from cyclone.engine.runs import (
+    cancel_runs,
+    describe_failure,
+    lock_run,
+    notify_revoked,
+    settle_late,
+)
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
-from cyclone.workflow import Graph, NodeSpec
+from cyclone.workflow import Graph
 
 Conn = psycopg.Connection[Any]
 
@@ -27,20 +36,6 @@ class RunRef:
     id: str
     workflow: str
     graph_hash: str
-
-
-def node_rows(specs: Sequence[NodeSpec]) -> dict[str, list[Any]]:
-    """Parameters of step_insert / run_submit for a set of nodes."""
-    return {
-        "nodes": [s.name for s in specs],
-        "kinds": [str(s.kind) for s in specs],
-        "max_attempts": [s.max_attempts for s in specs],
-        "timeouts": [s.timeout for s in specs],
-        "signals": [s.signal for s in specs],
-        "dues": [s.duration if s.kind == NodeKind.SLEEP else s.max_wait for s in specs],
-        "limits": [s.concurrency for s in specs],
-        "rates": [s.rate_limit for s in specs],
-    }
 
 
 def make_steps(
@@ -133,10 +128,6 @@ def child_finished(
     failure: str | None = None,
 ) -> None:
     """A child run ended: its parent's child node completes with its output, or dies."""
-    # runs.py imports this module (a failed run ends its parent's child node, here); a child
-    # run's end is rare enough to pay for the import at the call.
-    from cyclone.engine.runs import fail_run, lock_run
-
     parent = lock_run(conn, parent_id)
     if parent is None or parent["state"] not in ("running", "paused"):
         return
@@ -155,3 +146,38 @@ def child_finished(
     ).fetchone()
     if row is not None:
         fail_run(conn, parent_id, now)
+
+
+def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
+    """A step of this run is dead: the run fails, its other work stops, its parent learns."""
+    row = conn.execute(QUERIES["run_fail"], {"run_id": run_id, "now": now}).fetchone()
+    if row is None:
+        return
+    settle_late(conn, [run_id], "discarded", None, "run failed", now)
+    if row["child_run_ids"]:
+        cancel_runs(conn, row["child_run_ids"], now, notify=False)
+    notify_revoked(conn)
+    if row["parent_run_id"] is not None:
+        failure = describe_failure(conn, run_id)
+        child_finished(
+            conn,
+            row["parent_run_id"],
+            row["parent_step_id"],
+            run_id,
+            now,
+            failure=f"failed: {failure}",
+        )
+
+
+__all__ = [
+    "RunRef",
+    "child_finished",
+    "complete_run_if_done",
+    "consume_signal",
+    "fail_run",
+    "make_steps",
+    "map_completed",
+    "node_completed",
+    "node_rows",
+    "settle_waiting",
+]

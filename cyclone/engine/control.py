@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import datetime
 from typing import Any
 
@@ -9,9 +10,11 @@ import psycopg
 
 from cyclone.db import check_text, encode_json, retrying
 from cyclone.engine.advance import RunRef, child_finished, settle_waiting
+from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.runs import cancel_runs, lock_run
-from cyclone.errors import RunNotFound
+from cyclone.errors import RunNotFound, UnheardSignal
 from cyclone.sql import QUERIES
+from cyclone.states import NodeKind
 
 Conn = psycopg.Connection[Any]
 _LIVE = ("running", "paused", "queued")
@@ -113,6 +116,38 @@ def signal_run(
                 import json
 
                 settle_waiting(conn, ref, None, step["id"], json.loads(text), now)
+            elif name not in listened(conn, ref.graph_hash):
+                unheard.append(ref)
             return True
 
-    return retrying(tx)
+    unheard: list[RunRef] = []
+    sent = retrying(tx)
+    if unheard:
+        warn_unheard(conn, unheard[-1], name)
+    return sent
+
+
+def listened(conn: Conn, graph_hash: str) -> set[str]:
+    """The signal names the wait nodes of a graph listen for."""
+    graph = graph_by_hash(conn, graph_hash)
+    return {n.signal for n in graph.nodes.values() if n.kind == NodeKind.WAIT and n.signal}
+
+
+def warn_unheard(conn: Conn, ref: RunRef, name: str) -> None:
+    heard = sorted(listened(conn, ref.graph_hash))
+    what = f"its waits listen for {', '.join(map(repr, heard))}" if heard else "it has no wait"
+    warnings.warn(
+        f"run {ref.id}: no wait node of workflow {ref.workflow!r} listens for signal {name!r} "
+        f"({what}); the signal is kept, unheard",
+        UnheardSignal, stacklevel=4,
+    )  # fmt: skip
+
+
+def unheard_signals(conn: Conn, run_id: str) -> list[tuple[str, int]]:
+    """The signals a run keeps that no wait node of its graph listens for, with their counts
+    (`cyclone run` names them: a mistyped name is otherwise kept forever, unseen)."""
+    rows = conn.execute(QUERIES["run_pending_signals"], {"run_id": _uuid(run_id)}).fetchall()
+    if not rows:
+        return []
+    heard = listened(conn, rows[0]["graph_hash"])
+    return [(r["name"], r["n"]) for r in rows if r["name"] not in heard]

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from datetime import datetime
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import psycopg
 
 from cyclone.errors import WorkflowNotFound
 from cyclone.sql import QUERIES
-from cyclone.workflow import Graph, Workflow
+from cyclone.states import NodeKind
+from cyclone.workflow import Graph, NodeSpec, Workflow
 
 # Graphs are immutable once stored (keyed by a hash of their content), so caching them for the
 # life of the process is always correct.
 _BY_HASH: dict[str, Graph] = {}
+
+
+def node_rows(specs: Sequence[NodeSpec]) -> dict[str, list[Any]]:
+    """Parameters of step_insert / run_submit for a set of nodes (their rows in the graph)."""
+    return {
+        "nodes": [s.name for s in specs],
+        "kinds": [str(s.kind) for s in specs],
+        "max_attempts": [s.max_attempts for s in specs],
+        "timeouts": [s.timeout for s in specs],
+        "signals": [s.signal for s in specs],
+        "dues": [s.duration if s.kind == NodeKind.SLEEP else s.max_wait for s in specs],
+        "limits": [s.concurrency for s in specs],
+        "rates": [s.rate_limit for s in specs],
+    }
 
 
 def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
@@ -38,25 +52,6 @@ def registration(workflows: Iterable[Workflow]) -> list[dict[str, Any]]:
             "concurrency_limit": wf.concurrency.limit if wf.concurrency else None,
         })  # fmt: skip
     return out
-
-
-def register_workflows(
-    conn: psycopg.Connection[Any], workflows: Iterable[Workflow], *, now: datetime | None = None
-) -> None:
-    """Store each workflow's graph (and its child workflows') and make it current by name;
-    upsert the schedules they declare (and log those no longer declared), all at once. `now`
-    places a new schedule's first tick (None: the database clock)."""
-    # Here, not at the top: schedules.py reads graphs through this module.
-    from cyclone.engine.patches import register_patches
-    from cyclone.engine.schedules import upsert_declared
-
-    workflows = list(workflows)
-    with conn.transaction():
-        for params in registration(workflows):
-            conn.execute(QUERIES["graph_register"], params)
-            conn.execute(QUERIES["workflow_register"], params)
-        register_patches(conn, workflows, now=now)
-        upsert_declared(conn, workflows, now=now)
 
 
 def graph_by_hash(conn: psycopg.Connection[Any], graph_hash: str) -> Graph:

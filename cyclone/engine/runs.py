@@ -1,7 +1,8 @@
-"""A run's own operations: submit runs, lock one, fail it, cancel a tree of them.
+"""A run's own operations: submit runs, lock one, cancel a tree of them.
 
 Like advance.py, every function here runs inside the caller's transaction; `lock_run` is how a
-caller takes the run before changing it.
+caller takes the run before changing it. advance.py stands on this module, never the other way
+(failing a run reaches its parent run's graph: that is `advance.fail_run`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from cyclone.engine.advance import child_finished, node_rows
+from cyclone.engine.graphs import node_rows
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind
 
@@ -51,10 +52,12 @@ def submit_params(
     priority: int | None = None,
     ckeys: list[str | None] | None = None,
     climit: int | None = None,
+    trace_parent: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of run_submit (the clients' submits run it too). `priority`: None takes
     the workflow's; `ckeys`: each run's concurrency key (None: no key), counted against
-    `climit` (the caller ran concurrency_lock for them first, in the same transaction)."""
+    `climit` (the caller ran concurrency_lock for them first, in the same transaction);
+    `trace_parent`: the W3C traceparent to store (None: a child run takes its parent's)."""
     return {
         "workflow": workflow,
         "hash": graph_hash,
@@ -68,33 +71,13 @@ def submit_params(
         "priority": priority,
         "ckeys": ckeys,
         "climit": climit if ckeys else None,
+        "trace_parent": trace_parent,
         **node_rows(roots),
     }
 
 
 def lock_run(conn: Conn, run_id: str) -> dict[str, Any] | None:
     return conn.execute(QUERIES["run_lock"], {"run_id": run_id}).fetchone()
-
-
-def fail_run(conn: Conn, run_id: str, now: datetime | None) -> None:
-    """A step of this run is dead: the run fails, its other work stops, its parent learns."""
-    row = conn.execute(QUERIES["run_fail"], {"run_id": run_id, "now": now}).fetchone()
-    if row is None:
-        return
-    settle_late(conn, [run_id], "discarded", None, "run failed", now)
-    if row["child_run_ids"]:
-        cancel_runs(conn, row["child_run_ids"], now, notify=False)
-    notify_revoked(conn)
-    if row["parent_run_id"] is not None:
-        failure = describe_failure(conn, run_id)
-        child_finished(
-            conn,
-            row["parent_run_id"],
-            row["parent_step_id"],
-            run_id,
-            now,
-            failure=f"failed: {failure}",
-        )
 
 
 def describe_failure(conn: Conn, run_id: str) -> str:

@@ -20,13 +20,14 @@ import psycopg
 from cyclone.db import encode_json, retrying, step_cursor, text_array
 from cyclone.engine.advance import (
     RunRef,
+    fail_run,
     make_steps,
     map_completed,
     node_completed,
     node_rows,
 )
 from cyclone.engine.graphs import current_graph, graph_by_hash
-from cyclone.engine.runs import fail_run, submit_runs
+from cyclone.engine.runs import submit_runs
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
 from cyclone.workflow import Graph, NodeSpec, concurrency_key

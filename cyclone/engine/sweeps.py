@@ -34,9 +34,9 @@ from typing import Any
 import psycopg
 
 from cyclone.db import retrying
-from cyclone.engine.advance import RunRef, node_completed
+from cyclone.engine.advance import RunRef, fail_run, node_completed
 from cyclone.engine.graphs import graph_by_hash
-from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
+from cyclone.engine.runs import cancel_runs, lock_run, notify_revoked, settle_late
 from cyclone.engine.schedules import sweep_schedules
 from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
@@ -245,6 +245,11 @@ class Sweep:
     # Acts on a time (cyclone_next_due): also run when the scanner wakes for one, between its
     # passes (migration 22).
     timely: bool = False
+    # What its count means, for the scanner's log line: "woke {n} sleeping step(s)".
+    said: str = ""
+
+    def describe(self, n: int) -> str:
+        return self.said.format(n=n) if self.said else f"{self.name}: {n}"
 
     def batch(
         self,
@@ -267,23 +272,29 @@ class Sweep:
 # `runs_failed` and `leases_reclaimed` say which metrics the supervisor feeds with a count
 # (cyclone_scanner_runs_failed_total{reason}, cyclone_lease_expirations_total).
 SWEEPS = (
-    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE, timely=True),
+    Sweep("deadlines", sweep_deadlines, runs_failed=ErrorKind.DEADLINE, timely=True,
+          said="failed {n} run(s) past their deadline"),
     Sweep("queued_deadlines", sweep_queued_deadlines, runs_failed=ErrorKind.DEADLINE,
-          timely=True),
-    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",)),
-    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT, timely=True),
-    Sweep("sleeps", sweep_sleeps, timely=True),
+          timely=True, said="failed {n} queued run(s) past their deadline"),
+    Sweep("expired_leases", sweep_expired_leases, leases_reclaimed=True, takes=("outage_grace",),
+          said="reclaimed {n} expired lease(s)"),
+    Sweep("max_wait", sweep_max_wait, runs_failed=ErrorKind.MAX_WAIT, timely=True,
+          said="failed {n} run(s) waiting past max_wait"),
+    Sweep("sleeps", sweep_sleeps, timely=True, said="woke {n} sleeping step(s)"),
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
-    Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2),
-    Sweep("held_steps", sweep_held_steps),
+    Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2,
+          said="removed {n} supervisor(s) not seen for a while"),
+    Sweep("held_steps", sweep_held_steps, said="admitted {n} held step(s)"),
     # A version no live VM serves: its steps wait parked (docs/deploys.md); back within
     # UNSERVED_EVERY of a VM that serves it publishing its presence.
-    Sweep("unserved", sweep_unserved, every=UNSERVED_EVERY),
-    Sweep("fair_clock", sweep_fair_clock),
+    Sweep("unserved", sweep_unserved, every=UNSERVED_EVERY,
+          said="parked or freed {n} step(s) of versions no VM serves"),
+    Sweep("fair_clock", sweep_fair_clock, said="moved {n} queue clock(s)"),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
-    Sweep("schedules", sweep_schedules, timely=True),
-    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
-)
+    Sweep("schedules", sweep_schedules, timely=True, said="handled {n} schedule tick(s)"),
+    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention",
+          said="deleted {n} finished run(s) past retention"),
+)  # fmt: skip
 
 
 def enabled_sweeps(settings: Mapping[str, float] | None = None) -> list[Sweep]:

@@ -61,5 +61,7 @@ class Sweeper:
                 break
             pause(random.uniform(*BATCH_PAUSE))
         if total:
-            log.info("%s: %d", self.name, total, extra={"action": "sweep", "sweep": self.name})
+            log.info(
+                "%s", self.sweep.describe(total), extra={"action": "sweep", "sweep": self.name}
+            )
         return total

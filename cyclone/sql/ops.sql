@@ -45,9 +45,12 @@ ON CONFLICT (supervisor_id, slot) DO UPDATE
    SET pid = EXCLUDED.pid, state = EXCLUDED.state, step_id = EXCLUDED.step_id,
        run_id = EXCLUDED.run_id, workflow = EXCLUDED.workflow, node = EXCLUDED.node,
        attempt = EXCLUDED.attempt,
-       -- The same step as before keeps its first busy_since: it does not drift per publish.
+       -- The same attempt as before keeps its first busy_since: it does not drift per
+       -- publish. Another attempt of the step (a retry, a hand-over to a new worker in the
+       -- slot) is busy from its own lease.
        busy_since = CASE WHEN cw.step_id IS NOT DISTINCT FROM EXCLUDED.step_id
-                              AND cw.busy_since IS NOT NULL
+                              AND cw.attempt IS NOT DISTINCT FROM EXCLUDED.attempt
+                              AND cw.pid = EXCLUDED.pid AND cw.busy_since IS NOT NULL
                          THEN cw.busy_since ELSE EXCLUDED.busy_since END,
        seen_at = now();
 

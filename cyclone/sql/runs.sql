@@ -81,7 +81,8 @@ WITH wf AS (
 ), runs AS (
     INSERT INTO cyclone_runs (id, workflow, graph_hash, state, input, idempotency_key,
                               parent_run_id, parent_step_id, created_at, deadline_at, queue,
-                              priority, pass, concurrency_key, concurrency_limit, queued)
+                              priority, pass, concurrency_key, concurrency_limit, queued,
+                              trace_parent)
     SELECT v.id, %(workflow)s, %(hash)s,
            CASE WHEN v.rank > %(climit)s::integer - groups.active THEN 'queued'
                 ELSE 'running' END,
@@ -93,7 +94,11 @@ WITH wf AS (
            clock.queue, clock.priority,
            greatest(clock.pass, groups.last) + v.rank, v.ckey,
            CASE WHEN v.ckey IS NOT NULL THEN %(climit)s::integer END,
-           coalesce(v.rank > %(climit)s::integer - groups.active, false)
+           coalesce(v.rank > %(climit)s::integer - groups.active, false),
+           -- A child run joins its parent's trace (one lookup by key, once per statement).
+           coalesce(%(trace_parent)s::text,
+                    (SELECT p.trace_parent FROM cyclone_runs p
+                      WHERE p.id = %(parent_run_id)s::uuid))
       FROM v JOIN groups ON groups.ckey = coalesce(v.ckey, ''), clock
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, priority, pass, state
@@ -304,6 +309,10 @@ WITH lim AS (
 )
 UPDATE cyclone_rate_buckets b SET tokens = least(b.tokens, lim.burst)
   FROM lim WHERE b.name = lim.name;
+
+-- name: run_trace_parents
+-- The traceparents of runs whose attempts the supervisor traces (supervisor/tracing.py).
+SELECT id::text AS run_id, trace_parent FROM cyclone_runs WHERE id = ANY(%(run_ids)s::uuid[]);
 
 -- name: patches_register
 -- Registration (cyclone/engine/patches.py): the changes a workflow's handlers name, each kept

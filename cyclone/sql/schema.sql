@@ -125,7 +125,10 @@ CREATE TABLE cyclone_runs (
     -- steps until cyclone_admit admits it.
     queued          boolean NOT NULL DEFAULT false,
     -- ctx.patched()'s answers by change id (migration 16): given once, read by every retry.
-    patches         jsonb
+    patches         jsonb,
+    -- The W3C traceparent current at submit (migration 20; a child run takes its parent's):
+    -- each attempt's span is its child when the supervisor traces (SPEC section 16).
+    trace_parent    text
 );
 
 -- Children of a run (cancel and fail go down the tree).

@@ -28,3 +28,12 @@ SELECT pg_notify('cyclone_run_ended', %(token)s);
 -- include: _run_status
   FROM cyclone_runs r
  WHERE id = ANY(%(run_ids)s::uuid[]) AND state IN ('completed', 'failed', 'cancelled');
+
+-- name: run_pending_signals
+-- The signals a run keeps that no wait consumed yet, by name (`cyclone run` names those that
+-- no wait node of its graph listens for).
+SELECT s.name, count(*) AS n, r.graph_hash
+  FROM cyclone_signals s JOIN cyclone_runs r ON r.id = s.run_id
+ WHERE s.run_id = %(run_id)s::uuid AND s.consumed_by IS NULL
+ GROUP BY s.name, r.graph_hash
+ ORDER BY s.name;

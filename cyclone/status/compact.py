@@ -2,14 +2,17 @@
 
 The full layout's tables need about 130 columns and a line per worker plus three per section;
 at 80x24 they folded a worker's step into 13 lines and pushed everything else off the screen.
-Here every line is cut to the width (an ellipsis marks a cut; ids come before anything that may
-be cut) and the sections an operator acts on come first: the queue, the DLQ, lost supervisors,
-runs failed by their deadline and paused runs. Workers fill the lines left, busy ones first,
-and say how many did not fit.
+Here a line is one thing, cut to the width only where what is cut is repeated elsewhere (an
+ellipsis marks it); what an operator acts on is never cut: the DLQ's counts and the database
+error fold onto lines of their own, and a busy worker's run id goes on the next line when it
+does not fit on its worker's. The sections an operator acts on come first: the queue, the DLQ,
+lost supervisors, runs failed by their deadline and paused runs. Workers fill the lines left,
+busy ones first, and say how many did not fit.
 """
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from rich.console import Group
@@ -37,8 +40,8 @@ def render_compact(
     snap, problem = for_display(snap), printable(problem) if problem else problem
     lines = [_title(snap)]
     if problem:
-        lines.append(Text(problem, style="bold red"))
-    lines += [_queue(snap), _runs(snap), _dlq(snap)]
+        lines += [Text(part, style="bold red") for part in _fold(problem, width)]
+    lines += [_queue(snap), _runs(snap), *_dlq(snap, width)]
     lines += _lost(snap) + _deadline_failures(snap) + _paused(snap) + _schedules(snap)
     room = None if height is None else max(height - len(lines), 2)
     lines += _workers(snap, room, width)
@@ -72,15 +75,27 @@ def _runs(snap: Snapshot) -> Text:
     return text
 
 
-def _dlq(snap: Snapshot) -> Text:
+def _fold(text: str, width: int | None, indent: str = "") -> list[str]:
+    """`text` in lines of at most `width` (one line when None); nothing is cut."""
+    if width is None:
+        return [text]
+    return textwrap.wrap(
+        text, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    ) or [""]
+
+
+def _dlq(snap: Snapshot, width: int | None) -> list[Text]:
     text = Text("DLQ    ", style="bold")
     if not snap.dlq:
-        return text.append("empty")
+        return [text.append("empty")]
     reasons = ", ".join(f"{r['reason']} {r['steps']}" for r in snap.dlq)
     newest = (snap.taken_at - max(r["newest"] for r in snap.dlq)).total_seconds()
-    # The counts by reason last: with many reasons, they are what the width cuts.
     text.append(f"{snap.dlq_total} step(s), newest {seconds(newest)} ago", style="red")
-    return text.append(f"; {reasons}")
+    rest = f"; {reasons}"
+    if width is None or text.cell_len + len(rest) <= width:
+        return [text.append(rest)]
+    # The counts by reason, folded under it: every one is what `dlq list --reason` takes.
+    return [text, *(Text(line) for line in _fold(f"       by reason: {reasons}", width, " " * 7))]
 
 
 def _lost(snap: Snapshot) -> list[Text]:
@@ -170,17 +185,22 @@ def _workers(snap: Snapshot, room: int | None, width: int | None) -> list[Text]:
         if busy and "heading" not in kinds:
             lines.append(Text("  slot  pid      elapsed  lease  deadline  step", style="dim"))
             kinds.append("heading")
-        lines += [_worker(w, width) for w in busy]
-        kinds += ["worker"] * len(busy)
+        for w in busy:
+            worker = _worker(w, width)
+            lines += worker
+            kinds += ["worker", *["run"] * (len(worker) - 1)]
     if room is None or len(lines) <= room:
         return lines
-    cut = kinds[room - 1 :]
+    keep = room - 1
+    while keep > 1 and kinds[keep] == "run":  # a worker's line goes with its run id's
+        keep -= 1
+    cut = kinds[keep:]
     counts = (("busy worker", cut.count("worker")), ("supervisor", cut.count("supervisor")))
     more = " and ".join(f"{n} more {what}(s)" for what, n in counts if n)
-    return [*lines[: room - 1], Text(f"  and {more}: cyclone workers lists all")]
+    return [*lines[:keep], Text(f"  and {more}: cyclone workers lists all")]
 
 
-def _worker(w: dict[str, Any], width: int | None) -> Text:
+def _worker(w: dict[str, Any], width: int | None) -> list[Text]:
     text = Text(f"  {w['slot']:<4}  {w['pid']:<7}  {seconds(w['elapsed']):>7}  ")
     text.append_text(_left(w["lease_left"], 5))
     text.append("  ")
@@ -192,8 +212,8 @@ def _worker(w: dict[str, Any], width: int | None) -> Text:
     text.append(step)
     run = f"  run {w['run_id']}"
     if width is None or text.cell_len + len(run) <= width:
-        text.append(run, style="dim")
-    return text
+        return [text.append(run, style="dim")]
+    return [text, Text(f"        run {w['run_id']}", style="dim")]  # whole, on a line of its own
 
 
 def _left(value: float | None, width: int) -> Text:

@@ -180,16 +180,23 @@ def _dlq_table(snap: Snapshot) -> Table:
     return t
 
 
-def _deadline_table(snap: Snapshot) -> Table:
+def _none(title: str, what: str = "none") -> Text:
+    """An empty section: its title and one word, not a table of dashes that reads as a row."""
+    return Text.assemble((title, "bold"), f"  {what}")
+
+
+def _deadline_table(snap: Snapshot) -> Table | Text:
+    if not snap.deadline_failures:
+        return _none("Recent deadline failures")
     t = _table("Recent deadline failures", "run", "workflow", "steps killed", "failed")
     for r in snap.deadline_failures:
         t.add_row(str(r["run_id"]), r["workflow"], str(r["steps"]), f"{seconds(r['ago'])} ago")
-    if not snap.deadline_failures:
-        t.add_row("-", "none", "-", "-")
     return t
 
 
-def _paused_table(snap: Snapshot) -> Table:
+def _paused_table(snap: Snapshot) -> Table | Text:
+    if not snap.paused:
+        return _none("Paused runs")
     shown = (
         f" ({len(snap.paused)} of {snap.paused_total})"
         if snap.paused_total > len(snap.paused)
@@ -199,8 +206,6 @@ def _paused_table(snap: Snapshot) -> Table:
     for r in snap.paused:
         frozen = "no deadline" if r["frozen_left"] is None else seconds(r["frozen_left"])
         t.add_row(str(r["id"]), r["workflow"], seconds(r["paused_for"]), frozen)
-    if not snap.paused:
-        t.add_row("-", "none", "-", "-")
     return t
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import logging
 import os
 import sys
@@ -17,11 +16,13 @@ from cyclone.config import ENV_DATABASE_URL, Settings, load_config
 from cyclone.db import check_dsn, connect, resolve_dsn, unreachable, use_prepared_statements
 from cyclone.engine import register_workflows
 from cyclone.errors import ConfigError, CycloneError
+from cyclone.logs import JsonFormatter
 from cyclone.migrate import latest_version, migrate
 from cyclone.redact import redact_error
 from cyclone.sanitize import SafeRecords, printable
 from cyclone.sql import QUERIES
 from cyclone.supervisor.supervisor import Supervisor
+from cyclone.version import package_version
 from cyclone.workflow import Registry, load_modules
 
 log = logging.getLogger("cyclone.supervisor")
@@ -31,25 +32,6 @@ EXIT_DATABASE = 3
 # SQLSTATEs that a restart may not meet again: a transaction rolled back (class 40: a
 # serialization failure, a deadlock), a statement or lock timeout.
 TRANSIENT = ("40", "57014", "55P03")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object a line, for log shippers."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        data = {
-            "ts": self.formatTime(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "pid": record.process,
-            "msg": record.getMessage(),
-        }
-        if hasattr(record, "action"):
-            data["action"] = record.action
-        if record.exc_text or record.exc_info:
-            # SafeRecords leaves a cleaned exc_text: never format the exception again.
-            data["exc"] = record.exc_text or self.formatException(record.exc_info)
-        return json.dumps(data)
 
 
 def setup_logging(settings: Settings) -> None:
@@ -129,13 +111,22 @@ def prepare(settings: Settings, registry: Registry) -> str:
     expected their first one must not pass unnoticed."""
     # Before any connection: the children forked later inherit it (a reload does not change it).
     use_prepared_statements(settings.database.prepared_statements)
-    dsn = resolve_dsn(settings.database.url, settings.database.embedded_dir, announce=log.warning)
+    dsn = resolve_dsn(
+        settings.database.url, settings.database.embedded_dir, announce=log.warning,
+        reused=log.info,
+    )  # fmt: skip
     if settings.database.migrate:
         migrate(dsn)
     with connect(dsn) as conn:
         check_schema(conn)
         register_workflows(conn, registry.values())
     log.info("workflows: %s", ", ".join(sorted(registry)) or "none", extra={"action": "register"})
+    if not settings.workflows.modules:
+        log.warning(
+            "[workflows] modules is empty: this supervisor imports no workflow, so its workers "
+            "lease nothing; list your modules, e.g. modules = [\"myapp.workflows\"]",
+            extra={"action": "register"},
+        )  # fmt: skip
     return dsn
 
 
@@ -158,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cyclone-supervisor", description="Run Cyclone workers and a scanner on this host."
     )
     parser.add_argument("--config", metavar="FILE", help="TOML config (default: built-in)")
+    parser.add_argument(
+        "--version", action="version", version=f"cyclone-supervisor {package_version()}"
+    )
     return parser
 
 

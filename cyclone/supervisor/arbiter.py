@@ -31,6 +31,7 @@ from cyclone.child import channel
 from cyclone.child.lease import RenewalBoard, lease_trust
 from cyclone.engine.steps import FINISHED
 from cyclone.errors import CycloneError
+from cyclone.outage import OutageLog, one_line
 from cyclone.states import DEADLINE_ERROR, ErrorKind
 from cyclone.supervisor.children import (
     ExitBy,
@@ -44,7 +45,13 @@ from cyclone.supervisor.children import (
     exit_by,
     held_lease,
 )
-from cyclone.supervisor.outcomes import RUN_ENDED, format_elapsed, log_outcome, step_label
+from cyclone.supervisor.outcomes import (
+    RUN_ENDED,
+    format_elapsed,
+    log_outcome,
+    step_extra,
+    step_label,
+)
 from cyclone.supervisor.ports import (
     ArbiterConfig,
     ChildFactory,
@@ -54,6 +61,7 @@ from cyclone.supervisor.ports import (
     Reloader,
     Renewals,
     Store,
+    Traces,
     Watcher,
 )
 from cyclone.supervisor.processes import RETIRE_SIGNAL, STOP_SIGNAL, ProcessOps
@@ -138,8 +146,10 @@ class Arbiter:
         wants: Callable[[WorkerHandle, channel.Want], None] | None = None,
         renewer: Renewals | None = None,
         board: RenewalBoard | None = None,
+        traces: Traces | None = None,
     ) -> None:
         self.config = config
+        self.traces = traces
         self.renewer = renewer
         self.board = board
         # The renewal statement in flight: its leases by step id (with the token asked for),
@@ -173,6 +183,8 @@ class Arbiter:
         self.finished = False
         self.exit_code = 0
         self.kills: dict[KillReason, int] = {}
+        # An outage is one warning, then a reminder every 30 s, not one per poll (DB_RETRY).
+        self.revocation_outage = OutageLog(log, "checking for revoked leases", clock=clock)
 
     # --- inputs -------------------------------------------------------------------------------
 
@@ -182,14 +194,17 @@ class Arbiter:
         if handler is not None:
             handler()
 
-    def handle_term(self) -> None:
+    def handle_term(self, name: str = "SIGTERM") -> None:
         if self.draining:
-            log.warning("second stop signal: killing every child", extra={"action": "kill_all"})
+            log.warning(
+                "second stop signal (%s): killing every child", name, extra={"action": "kill_all"}
+            )  # fmt: skip
             self.kill_all(KillReason.SHUTDOWN)
         else:
-            self.begin_drain()
+            self.begin_drain(name)
 
-    handle_int = handle_term
+    def handle_int(self) -> None:
+        self.handle_term("SIGINT")
 
     def handle_chld(self) -> None:
         pass  # the wake-up was the point; tick() reaps
@@ -351,6 +366,8 @@ class Arbiter:
         elif isinstance(message, channel.Leased):
             handle.lease = held_lease(message, now)
             self.events.leased(handle.lease)
+            if self.traces is not None:
+                self.traces.started(handle.lease)
         elif isinstance(message, channel.Done):
             # Only a report naming the step and its token ends a lease's watch: a line the
             # handler forged would otherwise switch its own timeout off.
@@ -390,7 +407,10 @@ class Arbiter:
         """A step's outcome, for the lease it was: from its worker's `done`, or once recorded
         for a worker that took its next step already (see handed_over)."""
         if lease is not None and lease.step_id == done.step_id:
-            self.events.finished(lease, done.outcome, done.duration)
+            if done.outcome != channel.EXPANDED:  # a map's items are its steps, counted as they end
+                self.events.finished(lease, done.outcome, done.duration)
+            if self.traces is not None:
+                self.traces.reported(lease, done)
             log_outcome(lease, done)
 
     def may_lease(self, handle: WorkerHandle, finishing: int | None = None) -> bool:
@@ -430,6 +450,8 @@ class Arbiter:
             note = ""
         log.log(level, "%s %s%s", handle.label, status.describe(), note, extra={"action": "exit"})
         self.events.exited(handle, status)
+        if self.traces is not None and lease is not None:
+            self.trace_exit(lease, kill, handle, status)
         if kill is not None and lease is not None and kill.step_id == lease.step_id:
             if kill.release and kill.token is not None:
                 self.release(lease, kill.reason)
@@ -440,7 +462,7 @@ class Arbiter:
                 log.info(
                     "%s killed after %s (%s)%s", step_label(lease),
                     format_elapsed(self.clock() - lease.leased_at), kill.reason,
-                    RUN_ENDED.get(kill.reason, ""), extra={"action": "record"},
+                    RUN_ENDED.get(kill.reason, ""), extra=step_extra(lease, "record"),
                 )  # fmt: skip
         elif lease is not None:
             # Died on its own mid-step (or mid a step leased after the one we killed it for).
@@ -448,6 +470,18 @@ class Arbiter:
         unasked = kill is None and not handle.retiring and not self.draining
         if unasked and self.failed_to_boot(handle, status):
             self.boot_failed(handle)
+
+    def trace_exit(
+        self, lease: HeldLease, kill: KillOrder | None, handle: WorkerHandle, status: ExitStatus
+    ) -> None:
+        """The supervisor ends the span of an attempt its worker did not finish: with the
+        kill's reason, or as crashed."""
+        assert self.traces is not None
+        if kill is not None and kill.step_id == lease.step_id:
+            outcome = "released" if kill.release else "killed"
+            self.traces.ended(lease, outcome, f"killed ({kill.reason}): {kill.error}", kill.reason)
+        else:
+            self.traces.ended(lease, "crashed", describe_exit(handle, status), "crashed")
 
     def failed_to_boot(self, handle: WorkerHandle, status: ExitStatus) -> bool:
         """Whether an exit we did not ask for counts toward the respawn backoff and the halt.
@@ -506,14 +540,14 @@ class Arbiter:
         try:
             written = self.store.fail_step(lease.step_id, lease.token, kind, error)
         except Exception as exc:  # the database is down: lease expiry is the backstop
-            log.error("could not record step %d as %s: %s", lease.step_id, kind, exc)
+            log.error("could not record step %d as %s: %s", lease.step_id, kind, one_line(exc))
             return
         if written:
             elapsed = self.clock() - lease.leased_at
             self.events.finished(lease, str(kind), elapsed)
             log.info(
                 "%s recorded as %s after %s: %s", step_label(lease), kind, format_elapsed(elapsed),
-                error, extra={"action": "record"},
+                error, extra=step_extra(lease, "record"),
             )  # fmt: skip
 
     def release(self, lease: HeldLease, reason: KillReason) -> None:
@@ -521,13 +555,13 @@ class Arbiter:
         try:
             released = self.store.release_step(lease.step_id, lease.token)
         except Exception as exc:  # the database is down: lease expiry is the backstop
-            log.error("could not release step %d: %s", lease.step_id, exc)
+            log.error("could not release step %d: %s", lease.step_id, one_line(exc))
             return
         if released:
             log.info(
                 "%s released after %s (%s): attempt not spent", step_label(lease),
                 format_elapsed(self.clock() - lease.leased_at), reason,
-                extra={"action": "record"},
+                extra=step_extra(lease, "record"),
             )  # fmt: skip
 
     # --- killing ------------------------------------------------------------------------------
@@ -544,9 +578,10 @@ class Arbiter:
         try:
             revoked = self.store.revoked(held)
         except Exception as exc:
-            log.warning("could not check for revoked leases: %s", exc)
+            self.revocation_outage.failed(exc)
             self.next_poll = now + DB_RETRY
             return
+        self.revocation_outage.succeeded()
         for handle in self.busy():
             lease = handle.lease
             if lease is None or lease.step_id not in revoked or handle.kill is not None:
@@ -683,7 +718,10 @@ class Arbiter:
         """The renewal statement failed or could not be sent: the leases are not renewed; the
         workers are killed as their trust runs out, for the lost session (`kill_silent`)."""
         if not self.renewals_failing:
-            log.warning("could not renew the workers' leases: %s", exc, extra={"action": "renew"})
+            log.warning(
+                "could not renew the workers' leases: %s", one_line(exc),
+                extra={"action": "renew"},
+            )  # fmt: skip
         self.renewing = {}
         self.renewals_failing = True
         self.next_renewal_try = self.clock() + min(RENEW_RETRY, self.config.heartbeat_interval / 4)
@@ -723,7 +761,7 @@ class Arbiter:
         try:
             failed = self.store.sweep_deadlines()
         except Exception as exc:
-            log.warning("could not sweep deadlines: %s", exc)
+            log.warning("could not sweep deadlines: %s", one_line(exc))
             self.order_kill(handle, KillReason.DEADLINE, ErrorKind.DEADLINE, DEADLINE_ERROR)
             return
         self.events.runs_failed("deadline", failed)  # counted with the scanner's
@@ -753,15 +791,23 @@ class Arbiter:
         self.kills[reason] = self.kills.get(reason, 0) + 1
         self.events.killed(reason)
         what = f" step {lease.step_id} ({lease.workflow}/{lease.node})" if lease else ""
-        log.warning("killing %s%s: %s", handle.label, what, reason, extra={"action": "kill"})
+        extra = step_extra(lease, "kill") if lease else {"action": "kill"}
+        log.warning("killing %s%s: %s", handle.label, what, reason, extra=extra)
+        if self.traces is not None and lease is not None:
+            self.traces.killing(lease, reason, error, grace <= 0)
         if grace > 0:
             self.ops.signal(handle.pid, STOP_SIGNAL)
         else:
             self.hard_kill(handle)
 
     def hard_kill(self, handle: WorkerHandle) -> None:
-        if handle.kill is not None:
-            handle.kill.hard_sent = True
+        kill = handle.kill
+        if kill is not None:
+            # After a SIGTERM (an event of its own), the SIGKILL that follows kill_grace.
+            graced = not kill.hard_sent and kill.hard_at > kill.ordered_at
+            if graced and self.traces is not None and handle.lease is not None:
+                self.traces.killing(handle.lease, kill.reason, "kill_grace passed", True)
+            kill.hard_sent = True
         self.ops.signal_group(handle.pid, signal.SIGKILL)
         self.ops.signal(handle.pid, signal.SIGKILL)  # in case it never got its own group
 
@@ -858,12 +904,12 @@ class Arbiter:
 
     # --- stopping -----------------------------------------------------------------------------
 
-    def begin_drain(self) -> None:
+    def begin_drain(self, why: str = "asked") -> None:
         self.draining = True
         self.drain_deadline = self.clock() + self.config.shutdown_timeout
         log.info(
-            "draining: %d busy workers get %.1fs", len(self.busy()), self.config.shutdown_timeout,
-            extra={"action": "drain"},
+            "%s: draining: %d busy workers get %.1fs", why, len(self.busy()),
+            self.config.shutdown_timeout, extra={"action": "drain"},
         )  # fmt: skip
         for handle in self.children.values():
             if not handle.retiring and handle.kill is None:

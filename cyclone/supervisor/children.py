@@ -89,6 +89,7 @@ class HeldLease:
     # When the database first said the holder recorded this step while its `done` line had
     # not arrived yet (see Arbiter.check_revocations).
     finished_seen: float | None = None
+    item: int | None = None  # a map item's index
 
 
 @dataclass(slots=True)
@@ -201,7 +202,7 @@ def held_lease(message: channel.Leased, now: float) -> HeldLease:
         step_id=message.step_id, token=message.token, run_id=message.run_id,
         workflow=message.workflow, node=message.node, attempt=message.attempt,
         leased_at=now, timeout_at=timeout_at, deadline_at=deadline_at,
-        renewed_at=renewal_time(message.since, now),
+        renewed_at=renewal_time(message.since, now), item=message.item,
     )  # fmt: skip
 
 

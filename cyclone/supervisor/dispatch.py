@@ -45,6 +45,7 @@ from psycopg import pq
 
 from cyclone import codec
 from cyclone.child import channel
+from cyclone.child.proctitle import worker_name
 from cyclone.child.session import connect_briefly
 from cyclone.db import prepare_threshold, with_options
 from cyclone.engine.dispatch import (
@@ -60,6 +61,7 @@ from cyclone.engine.dispatch import (
     release_params,
 )
 from cyclone.engine.steps import _LeaseFloor
+from cyclone.outage import one_line
 from cyclone.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -305,6 +307,7 @@ class Dispatcher:
         self.own_until = 0.0
         self.first_at = 0.0
         self.host = socket.gethostname()
+        self.pid = os.getpid()
         self.ready: list[Ready] = []
         self.stale: list[Ready] = []  # to give back, with the next free session
         self.taken: list[Taken] = []
@@ -396,7 +399,7 @@ class Dispatcher:
             if not (self.ready and want.lease and arbiter.may_lease(handle, step_id)):
                 waiting.append((handle, want))
                 continue
-            ready = self.take_ready(f"{self.host}:{handle.pid}")
+            ready = self.take_ready(self.name_of(handle))
             ready.row = aged(ready.row, now - ready.sent)
             report = leased(ready.row, ready.sent)
             if finished is None:
@@ -409,6 +412,10 @@ class Dispatcher:
             body = {"taken": True, "since": ready.sent, "lease": ready.row}
             send_line(handle.fd, f"given {codec.dumps(body)}\n".encode())
         self.pending = waiting
+
+    def name_of(self, handle: Any) -> str:
+        """The worker's name in leased_by: what it would write itself (child/proctitle.py)."""
+        return worker_name(self.host, self.pid, handle.number, handle.pid)
 
     def take_ready(self, name: str) -> Ready:
         """The lease taken ahead in this worker's name, else the oldest."""
@@ -433,7 +440,7 @@ class Dispatcher:
             name for h in arbiter.children.values()
             if (id(h) in serving or (h.lease is not None and h.lease.leased_at >= recent))
             and arbiter.may_lease(h, h.lease.step_id if h.lease is not None else None)
-            for name in [f"{self.host}:{h.pid}"] * (AHEAD - asked[f"{self.host}:{h.pid}"])
+            for name in [self.name_of(h)] * (AHEAD - asked[self.name_of(h)])
         ]  # fmt: skip
 
     def give_back(self, ready: list[Ready]) -> None:
@@ -498,7 +505,7 @@ class Dispatcher:
             leasing = leasing[:room]
         ahead = self.ahead(arbiter, leasing) if room is None else []
         params = dispatch_params(
-            finished, [f"{self.host}:{h.pid}" for h in leasing] + ahead,
+            finished, [self.name_of(h) for h in leasing] + ahead,
             workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
         )  # fmt: skip
         params.update(floor_params(session.floor))
@@ -673,7 +680,7 @@ class Dispatcher:
 
     def own(self, exc: Exception, batch: Batch) -> None:
         log.warning("cannot lease for the workers (they lease on their own for %.0fs): %s",
-                    OWN_FOR, exc)  # fmt: skip
+                    OWN_FOR, one_line(exc))  # fmt: skip
         self.own_until = time.monotonic() + OWN_FOR
         for handle, _ in batch:
             send_line(handle.fd, _OWN)
@@ -697,6 +704,7 @@ def leased(row: dict[str, Any], sent: float) -> channel.Leased:
         step_id=row["id"], token=row["lease_token"], run_id=row["run_id"],
         workflow=row["workflow"], node=row["node"], attempt=row["attempt"],
         kill_after=row["kill_after"], deadline_left=row["deadline_left"], since=sent,
+        item=row["item_index"],
     )  # fmt: skip
 
 

@@ -26,8 +26,9 @@ import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from cyclone.outage import one_line
 from cyclone.sql import QUERIES
-from cyclone.states import ErrorKind, RunState
+from cyclone.states import DEAD_KINDS, RunState
 from cyclone.supervisor.labels import MAX_WORKFLOWS, LabelCap, top
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ ACTIVE_STATES = (RunState.RUNNING.value, RunState.PAUSED.value, RunState.QUEUED.
 # Every error kind is a possible DLQ reason; each series exists (at 0) from the first scrape,
 # so that alerts on `increase()` work for the first dead step too.
 # (`cancelled` marks discarded steps, never dead ones.)
-DLQ_REASONS = tuple(kind.value for kind in ErrorKind if kind is not ErrorKind.CANCELLED)
+DLQ_REASONS = tuple(kind.value for kind in DEAD_KINDS)
 
 AGE_GAUGES = (
     ("cyclone_db_oldest_xact_age_seconds", "oldest_xact_age_seconds",
@@ -108,7 +109,10 @@ class DatabaseGauges(Collector):
                 ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
         except psycopg.Error as exc:
             if self.reading is None or self.reading.up:
-                log.warning("metrics: database unavailable: %s", exc, extra={"action": "metrics"})
+                log.warning(
+                    "metrics: database unavailable: %s", one_line(exc),
+                    extra={"action": "metrics"},
+                )  # fmt: skip
             self.reading = Reading(at=now, up=False)
             return self.reading
         reading = Reading(

@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from cyclone.child.channel import Scanned
+from cyclone.child.channel import Done, Scanned
 from cyclone.states import ErrorKind
 from cyclone.supervisor.children import ExitStatus, HeldLease, KillReason, WorkerHandle
 from cyclone.supervisor.processes import ChildMain
@@ -81,6 +81,21 @@ class Events(Protocol):
     def scanned(self, report: Scanned) -> None: ...
 
     def runs_failed(self, reason: str, count: int) -> None: ...
+
+
+class Traces(Protocol):
+    """Each attempt a span (supervisor/tracing.py), when tracing is on: None otherwise, so a
+    step costs nothing more without it. Calls only enqueue; kills end their attempt's span."""
+
+    def started(self, lease: HeldLease) -> None: ...
+
+    def reported(self, lease: HeldLease, done: Done) -> None: ...
+
+    def killing(self, lease: HeldLease, reason: KillReason, error: str, hard: bool) -> None: ...
+
+    def ended(self, lease: HeldLease, outcome: str, error: str, reason: str | None) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class NullEvents:

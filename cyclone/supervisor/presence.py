@@ -33,6 +33,7 @@ from typing import Any
 
 import psycopg
 
+from cyclone.outage import one_line
 from cyclone.sql import QUERIES
 from cyclone.states import PUBLISH_INTERVAL
 from cyclone.supervisor.children import Role, WorkerHandle
@@ -175,7 +176,9 @@ class Presence:
         except psycopg.Error as exc:
             self.session.close()
             if not self.failed:
-                log.warning("cannot publish presence: %s", exc, extra={"action": "presence"})
+                log.warning(
+                    "cannot publish presence: %s", one_line(exc), extra={"action": "presence"}
+                )
             self.failed = True
             return False
         if self.failed:
@@ -191,7 +194,7 @@ class Presence:
             if self.published:
                 self.session.get().execute(QUERIES["presence_delete"], {"id": self.id})
         except psycopg.Error as exc:
-            log.warning("cannot withdraw presence (the scanner will): %s", exc)
+            log.warning("cannot withdraw presence (the scanner will): %s", one_line(exc))
         finally:
             self.close()
 

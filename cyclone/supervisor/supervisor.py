@@ -36,6 +36,7 @@ from cyclone.supervisor.arbiter import Arbiter, ArbiterConfig
 from cyclone.supervisor.children import Role
 from cyclone.supervisor.dispatch import Dispatcher
 from cyclone.supervisor.metrics import Metrics, MetricsServer
+from cyclone.supervisor.ports import Traces
 from cyclone.supervisor.presence import MIN_GAP, Presence, snapshot
 from cyclone.supervisor.processes import SUPERVISOR_SIGNALS, ChildMain, OsProcessOps
 from cyclone.supervisor.renewal import Renewer
@@ -219,11 +220,16 @@ class Supervisor:
         ops.private_fds = self.install_signals()
         ops.adopt_orphans()  # a handler's daemon dies with its worker (child/reaper.py)
         store = self.store = DatabaseStore(self.dsn, self.settings.scanner.batch_size)
+        try:
+            traces = self.start_tracing()
+        except ConfigError as exc:
+            log.critical("%s", exc, extra={"action": "start"})
+            return EXIT_CONFIG
         self.arbiter = Arbiter(
             arbiter_config(self.settings), ops=ops, clock=time.monotonic, store=store,
             factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
-            wants=self.dispatcher.want, renewer=self.renewer, board=self.board,
+            wants=self.dispatcher.want, renewer=self.renewer, board=self.board, traces=traces,
         )  # fmt: skip
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
@@ -248,11 +254,22 @@ class Supervisor:
             self.dispatcher.close()
             self.renewer.close()
             store.close()
+            if traces is not None:
+                traces.close()  # the spans still open end here, and all are exported
             if self.metrics_server is not None:
                 self.metrics_server.close()
             signal.set_wakeup_fd(-1)
         log.info("supervisor %d stopped", os.getpid(), extra={"action": "stop"})
         return self.arbiter.exit_code
+
+    def start_tracing(self) -> Traces | None:
+        """The attempts' spans, when [tracing] is on: OpenTelemetry is imported only then."""
+        if not self.settings.tracing.enabled:
+            return None
+        from cyclone.supervisor.tracing import AttemptTraces
+
+        log.info("tracing: a span per attempt, exported over OTLP", extra={"action": "start"})
+        return AttemptTraces(self.dsn)
 
     def install_signals(self) -> list[int]:
         read_fd, write_fd = os.pipe()

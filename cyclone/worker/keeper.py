@@ -64,7 +64,6 @@ def may_go_on(lease: Lease, renewed_at: float, ttl: float, beat: float, exc: Exc
     moment its supervisor would kill it): never act on stale authority.
     """
     left = renewed_at + ttl - time.monotonic()
-    log.warning("step %d: cannot record it (%.1fs of lease left): %s", lease.step_id, left, exc)
     return left > ttl - lease_trust(ttl, beat)
 
 
@@ -103,6 +102,11 @@ class LeaseKeeper:
             self._held = Held(lease, done, leased_at)
             if self.stopping():
                 done.set()  # the stop came while the lease was being taken
+
+    def current(self) -> Lease | None:
+        """The lease whose handler runs now, if any (read by the JSON logs' StepFields)."""
+        held = self._held
+        return None if held is None else held.lease
 
     def release(self) -> float:
         """The handler returned: returns when the lease was last renewed (or taken)."""

@@ -25,12 +25,14 @@ from cyclone.child.process import (
     check_parent,
     init_process,
 )
-from cyclone.child.proctitle import set_title, worker_title
+from cyclone.child.proctitle import set_title, worker_name, worker_title
 from cyclone.context import CancelEvent, Effects
 from cyclone.db import connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
 from cyclone.engine.versions import Served
+from cyclone.logs import StepFields, json_handlers
+from cyclone.outage import OutageLog
 from cyclone.states import NodeKind
 from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
@@ -104,6 +106,7 @@ class Worker:
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
+        self.record_outage: OutageLog | None = None  # recording a step failed (check_trust)
 
     # --- process ------------------------------------------------------------------------------
 
@@ -118,7 +121,9 @@ class Worker:
             self.options = replace(self.options, dsn=environ.scrub_environment(self.options.dsn))
             self.wakeup = Wakeup()
             self.install_signals()
-            self.name = f"{socket.gethostname()}:{os.getpid()}"
+            self.name = worker_name(
+                socket.gethostname(), self.parent, self.options.number, os.getpid()
+            )
             set_title(worker_title(self.options.number))
             try:
                 self.conn = self.connect()
@@ -132,6 +137,8 @@ class Worker:
                 parent=self.parent, board=self.board, slot=self.slot,
             )  # fmt: skip
             self.keeper.start()
+            for handler in json_handlers():  # JSON logs name the step of every line
+                handler.addFilter(StepFields(self.keeper.current))
             self.channel.send(channel.Ready())
             code = self.loop()
             # Whatever a handler's thread started since: the supervisor counts on a clean
@@ -359,7 +366,12 @@ class Worker:
                     log.warning("step %d: lease lost, result discarded", lease.step_id)
                 return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
+            if self.record_outage is not None:  # the database answered again
+                self.record_outage.succeeded()
+                self.record_outage = None
         result = "lost" if not written else ("completed" if outcome.ok else "failed")
+        if result == "completed" and lease.is_fanout:
+            result = channel.EXPANDED  # a map's items are its steps: this row is none
         duration = time.monotonic() - leased_at
         report = channel.Done(
             step_id=lease.step_id, outcome=result, duration=duration,
@@ -410,7 +422,7 @@ class Worker:
             step_id=lease.step_id, token=lease.token, run_id=lease.run_id,
             workflow=lease.workflow, node=lease.node, attempt=lease.attempt,
             kill_after=lease.kill_after, deadline_left=lease.deadline_left,
-            since=self.lease_sent,
+            since=self.lease_sent, item=lease.item_index,
         ))  # fmt: skip
 
     def record(
@@ -453,5 +465,10 @@ class Worker:
         ttl, beat = self.options.lease_ttl, self.options.heartbeat_interval
         # The supervisor renews the lease while the worker retries its record.
         renewed_at = self.keeper.renewed_at(lease, renewed_at)
+        # Retried every second: one warning per outage (and a reminder each 30 s), not each.
+        if self.record_outage is None or self.record_outage.what != f"step {lease.step_id}":
+            self.record_outage = OutageLog(log, f"step {lease.step_id}")
+        self.record_outage.failed(exc)
         if not may_go_on(lease, renewed_at, ttl, beat, exc):
+            log.error("step %d: its lease may lapse: leaving it, unrecorded", lease.step_id)
             raise ChildExit(ExitCode.LEASE_LOST)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import cyclone
-from cyclone.calls import MAX_KEY_BYTES
+from cyclone.clients.calls import MAX_KEY_BYTES
 from cyclone.testing import TestEnv
 
 waits = cyclone.Workflow("bad-limits")

@@ -155,8 +155,17 @@ def test_runs_lists_newest_first_and_filters(capsys, cenv):
     rows = run_cli(capsys, cenv, "runs", "--workflow", "cli-approve", "--json").json()
     assert [x["id"] for x in rows] == [waiting]
     assert len(run_cli(capsys, cenv, "runs", "--limit", "1", "--json").json()) == 1
+    # Issue 27, item 9: an empty listing is one line saying so, no header over nothing; a
+    # workflow that does not exist is named as such (exit 1, not found).
     r = run_cli(capsys, cenv, "runs", "--workflow", "nothing-here")
-    assert r.code == 0 and "no runs match" in r.err
+    assert r.code == 1 and r.out == ""
+    assert "no workflow named 'nothing-here' is registered" in r.err
+    r = run_cli(capsys, cenv, "runs", "--workflow", "cli-fragile", "--state", "paused")
+    assert r.code == 0 and r.out == "" and "no runs match" in r.err
+    r = run_cli(capsys, cenv, "dlq", "list", "--workflow", "nothing-here")
+    assert r.code == 1 and r.out == "" and "no workflow named 'nothing-here'" in r.err
+    r = run_cli(capsys, cenv, "dlq", "list", "--workflow", "cli-approve")
+    assert r.code == 0 and r.out == "" and "the DLQ has no steps that match" in r.err
 
 
 def test_runs_shows_a_paused_runs_time_left_frozen_as_it_was_paused(capsys, cenv):

@@ -14,8 +14,8 @@ import pytest
 from client_faces import KINDS, make
 
 import cyclone
-from cyclone import waiting
-from cyclone.calls import Statement
+from cyclone.clients import waiting
+from cyclone.clients.calls import Statement
 from cyclone.states import ErrorKind, RunState, StepState
 from cyclone.testing import TestEnv
 

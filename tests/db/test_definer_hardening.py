@@ -19,7 +19,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import cyclone
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.migrate import migrate
 from cyclone.sql import QUERIES
 from cyclone.testing import TestEnv

@@ -4,6 +4,7 @@ records the step with the next statement; a lease no worker took in time is give
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import time
@@ -14,6 +15,7 @@ import pytest
 
 import cyclone
 from cyclone.child import channel
+from cyclone.child.proctitle import worker_name
 from cyclone.engine import steps as engine_steps
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.supervisor import dispatch as dispatch_module
@@ -36,6 +38,7 @@ class Handle:
     peer: socket.socket
     lease: Any = None
     kill: Any = None
+    number: int = 1
 
 
 @dataclass
@@ -149,8 +152,8 @@ def test_a_worker_that_finished_is_answered_from_the_leases_taken_ahead(harness)
     harness.settle()
     # The statement that served worker 1 also leased ahead in its name (and in worker 2's
     # name, which holds nothing yet, none).
-    host = socket.gethostname()
-    assert [r.name for r in harness.dispatcher.ready] == [f"{host}:1"] * AHEAD
+    named = worker_name(socket.gethostname(), os.getpid(), 1, 1)  # as the worker names itself
+    assert [r.name for r in harness.dispatcher.ready] == [named] * AHEAD
     # Worker 1 finishes: its answer comes before any statement ran, from those leases.
     harness.want(1, harness.finished(first, "one"))
     second = harness.answer(1, timeout=0.05)

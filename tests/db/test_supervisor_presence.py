@@ -185,3 +185,34 @@ def test_the_scanner_removes_supervisors_not_seen_for_ten_intervals(env: TestEnv
     later = env.conn.execute("SELECT now() + interval '1 hour' AS t").fetchone()["t"]
     assert sweep_when_gone(env, now=later) == 1
     assert rows(env, "cyclone_supervisors") == []
+
+
+def test_another_attempt_of_the_same_step_is_busy_from_its_own_lease(env: TestEnv) -> None:
+    """Issue 27, item 14: `elapsed` after a hand-over (the step leased again, a retry or
+    another worker in the slot) counts from that lease, not from the first attempt's."""
+    presence = Presence(lambda: connect_briefly(env.dsn), host="vm1", pid=4242)
+    first = handle(11, 1, lease=True)
+    presence.publish(snapshot([first], draining=False, target=1, uptime=5, now=100), 0)
+    since = rows(env, "cyclone_workers")[0]["busy_since"]
+    # The same attempt, published again later: busy_since does not drift.
+    presence.publish(snapshot([first], draining=False, target=1, uptime=9, now=104), 4)
+    assert rows(env, "cyclone_workers")[0]["busy_since"] == since
+    # Attempt 3 of the same step, leased at 103 by a new worker in the slot: 1 s busy.
+    again = handle(12, 1, lease=True)
+    assert again.lease is not None
+    again.lease.step_id, again.lease.attempt, again.lease.leased_at = 11, 3, 103.0
+    presence.publish(snapshot([again], draining=False, target=1, uptime=10, now=104), 8)
+    (row,) = rows(env, "cyclone_workers")
+    assert (row["pid"], row["attempt"]) == (12, 3)
+    assert abs((row["seen_at"] - row["busy_since"]) - timedelta(seconds=1)) < timedelta(
+        seconds=0.5
+    )
+    presence.withdraw()
+
+
+def test_a_lease_names_its_worker_apart_from_its_supervisor() -> None:
+    """Issue 27, item 14: leased_by read `vm:13621`, which `cyclone workers` would take for a
+    supervisor's host:pid; it names the supervisor, then which of its workers."""
+    from cyclone.child.proctitle import worker_name
+
+    assert worker_name("vm", 13610, 2, 13621) == "vm:13610 worker 2 pid 13621"

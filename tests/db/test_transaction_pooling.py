@@ -12,7 +12,7 @@ from psycopg.pq import TransactionStatus
 
 from cyclone import db
 from cyclone.child.session import check_statement_timeout
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.migrate import migrate
 from cyclone.testing import TestEnv
 

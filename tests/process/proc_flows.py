@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -148,3 +149,35 @@ def most_at_once(items: list[tuple[float, float, str]]) -> int:
         held += delta
         best = max(best, held)
     return best
+
+
+# Traced (test_process_traces.py): a run whose child run's attempts join the submitter's trace.
+traced_child = cyclone.Workflow("proc-traced-child")
+
+
+@traced_child.task()
+def leaf(ctx: cyclone.StepContext) -> int:
+    return 1
+
+
+traced = cyclone.Workflow("proc-traced")
+
+
+@traced.task()
+def first(ctx: cyclone.StepContext) -> int:
+    # A handler's own line: JSON logs give it the step's fields (test_process_json_logs.py).
+    logging.getLogger("proc.traced").warning("first step says hello")
+    return 1
+
+
+traced.child("sub", traced_child, after=[first])
+
+
+# Stops when asked (ctx.done): a cancel's SIGTERM ends it before kill_grace runs out.
+polite = cyclone.Workflow("proc-polite")
+
+
+@polite.task(max_attempts=1)
+def linger(ctx: cyclone.StepContext) -> None:
+    Path(ctx.input["dir"], f"{ctx.run_id}.started").write_text("")
+    ctx.done.wait(600)

@@ -43,6 +43,11 @@ def test_the_demo_says_what_to_do_next_and_stops_on_ctrl_c(env: TestEnv, tmp_pat
             time.sleep(0.1)
         said = log.read_text()
         assert "the demo runs have ended (4 completed, 1 failed)" in said
+        # Issue 27, item 16: what `cyclone runs` then lists, child runs included, is said.
+        assert "submitted 5 demo runs (the orders start 3 child runs more: cyclone runs " \
+            "lists 8)" in said
+        listed = env.conn.execute("SELECT count(*) AS n FROM cyclone_v_runs").fetchone()["n"]
+        assert listed == 8
         assert said.count("cyclone status") == 2 and said.count("Ctrl-C") == 2
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         assert proc.wait(30) == 0, log.read_text()

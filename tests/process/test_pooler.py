@@ -20,7 +20,7 @@ import pytest
 from pgbouncer import PgBouncer, pgbouncer_binary
 from proc_helpers import SETTINGS, alive, terminal, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.durations import parse_duration
 from cyclone.states import ErrorKind, RunState
 from cyclone.testing import TestEnv, server_dsn

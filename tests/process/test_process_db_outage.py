@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from proc_helpers import LEASES, TTL, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.states import RunState, StepState
 from cyclone.testing import TestEnv
 

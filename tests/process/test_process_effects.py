@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from proc_helpers import LEASES, TTL, children, completed, restart, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.states import RunState
 from cyclone.testing import TestEnv
 
@@ -66,7 +66,7 @@ def test_effects_happen_once_across_frozen_workers_and_a_killed_supervisor(
             pid for pid in first.workers()
             if env.conn.execute(
                 "SELECT 1 FROM cyclone_steps WHERE state = 'running' AND leased_by LIKE %s",
-                (f"%:{pid}",),
+                (f"% pid {pid}",),
             ).fetchone()
         ]  # fmt: skip
         if not busy:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from proc_helpers import completed, restart, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.states import StepState
 from cyclone.testing import TestEnv
 

@@ -22,7 +22,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from cyclone import engine
-from cyclone.client import Client
+from cyclone.clients.client import Client
 
 pytestmark = pytest.mark.process
 

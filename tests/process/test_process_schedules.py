@@ -14,7 +14,7 @@ import pytest
 from proc_flows import parked
 from proc_helpers import restart, wait_for
 
-from cyclone.client import Client
+from cyclone.clients.client import Client
 from cyclone.testing import TestEnv
 
 pytestmark = pytest.mark.process

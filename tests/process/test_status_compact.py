@@ -6,6 +6,7 @@ lost supervisors than fit, and every line can be checked against the size of the
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 from datetime import timedelta
@@ -108,9 +109,47 @@ def test_a_cluster_too_big_for_the_full_tables_gets_the_compact_screen_at_200x50
     assert len(lines) <= 49 and "Workers" not in "\n".join(lines)
     assert "more busy worker(s)" in lines[-1]
     workers = [line for line in lines if f" {seeded['step_id']} cli-approve-in" in line]
-    # Wide enough: each worker's run id is on its line, whole; at 80 columns it is left off.
+    # Wide enough: each worker's run id is on its line, whole; at 80 columns (issue 27, item
+    # 10) on the line under it, whole, never left out.
     assert workers and all(line.endswith(f"run {seeded['run_id']}") for line in workers)
-    assert all(str(seeded["run_id"])[:8] not in line for line in draw(cenv, 80, 23))
+    narrow = draw(cenv, 80, 23)
+    runs = [i for i, line in enumerate(narrow) if line.strip() == f"run {seeded['run_id']}"]
+    assert runs and all(f" {seeded['step_id']} cli-approve-in" in narrow[i - 1] for i in runs)
+    assert not [line for line in narrow if str(seeded["run_id"])[:8] in line and "…" in line]
+
+
+def test_at_80_columns_the_dlq_and_the_database_error_fold_not_cut(cenv):
+    """Issue 27, item 10: what an operator acts on is never cut with an ellipsis."""
+    seed(cenv, busy=1, idle=0, lost=0, name="cli-approve")
+    snap = take_snapshot(cenv.conn)
+    dlq = [  # every reason a step may die of: a line far wider than 80 columns
+        {"reason": r, "steps": 12345, "newest": snap.taken_at}
+        for r in ("error", "timeout", "crashed", "lease_expired", "deadline", "max_wait",
+                  "child_failed", "too_many_items")
+    ]  # fmt: skip
+    snap = dataclasses.replace(snap, dlq=dlq)
+    problem = (
+        'cannot read the database: connection to server at "db.internal.example", port 5432 '
+        "failed: FATAL: remaining connection slots are reserved for roles with the SUPERUSER "
+        "attribute"
+    )
+    out = Console(file=io.StringIO(), width=80, height=1000, highlight=False)
+    out.print(render(snap, problem=problem, width=80, height=None))
+    lines = out.file.getvalue().splitlines()
+    text = " ".join(" ".join(lines).split())
+    assert max(len(line) for line in lines) <= 80
+    assert not [line for line in lines if "…" in line and ("DLQ" in line or "by reason" in line)]
+    assert problem in text
+    assert "too_many_items 12345" in text and "error 12345" in text
+
+
+def test_the_wide_view_shows_an_empty_section_as_one_line(cenv):
+    """No `- none - -` row under a section's heading: it reads as a row with a run."""
+    out = Console(file=io.StringIO(), width=200, height=1000, highlight=False)
+    out.print(render(take_snapshot(cenv.conn), width=200, height=None))
+    text = out.file.getvalue()
+    assert "Paused runs  none" in text and "Recent deadline failures  none" in text
+    assert not re.search(r"^\s*-\s+none\b", text, re.M), text
 
 
 def test_status_once_at_80_columns_folds_nothing(capsys, cenv, monkeypatch):

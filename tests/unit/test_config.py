@@ -277,6 +277,19 @@ def test_a_malformed_or_negative_duration_is_rejected(tmp_path: Path, duration: 
 
 
 @pytest.mark.parametrize(
+    ("duration", "why"),
+    [('"-5s"', "must not be negative"), ("-1", "must not be negative"),
+     ("-0.5", "must not be negative"), ('"36501d"', "longer than 36500d")],
+)  # fmt: skip
+def test_a_negative_or_too_long_duration_is_named_as_such(
+    tmp_path: Path, duration: str, why: str
+) -> None:
+    """Issue 27, item 12: the message says what is wrong with a value that reads as one."""
+    path = write(tmp_path, f"[worker]\nlease_ttl = {duration}\n")
+    assert config_error(path).endswith(f"got {duration}: a duration {why}")
+
+
+@pytest.mark.parametrize(
     ("lease_ttl", "heartbeat"),
     [("30s", "15s"), ("30s", "20s"), ("10s", "5s"), ("1s", "1s"), ("3s", "1001ms")],
 )

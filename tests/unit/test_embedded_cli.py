@@ -81,3 +81,27 @@ def test_an_embedded_directory_that_cannot_work_is_one_line_and_exit_2(
     assert main(["migrate"]) == 2
     err = capsys.readouterr().err
     assert "is PostgreSQL 9, this install runs" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("dsn", "url"),
+    [
+        ("host=/tmp/cyclone-0/pg port=5432 user=postgres dbname=postgres",
+         "postgresql://postgres@/postgres?host=%2Ftmp%2Fcyclone-0%2Fpg&port=5432"),
+        ("host='/tmp/a b' user=me dbname=x", "postgresql://me@/x?host=%2Ftmp%2Fa%20b"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ],
+)  # fmt: skip
+def test_embedded_start_prints_a_url_as_it_says(dsn: str, url: str) -> None:
+    """Issue 27, item 15: `embedded start` said it prints a URL and printed key=value."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    assert embedded.as_url(dsn) == url
+    assert conninfo_to_dict(url) == conninfo_to_dict(dsn)
+
+
+def test_embedded_help_names_xdg_data_home(capsys, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    for argv in (["embedded", "--help"], ["embedded", "start", "--help"]):
+        assert main(argv) == 0
+        assert "$XDG_DATA_HOME/cyclone/pgdata" in capsys.readouterr().out

@@ -14,7 +14,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "cyclone"
 
 # The packages above the engine; a module of the engine (cyclone/engine, cyclone/sql, the
-# modules at cyclone/'s top) may import none of them.
+# client side in cyclone/clients, the modules at cyclone/'s top) may import none of them.
 PROCESS_SIDE = ("supervisor", "worker", "scanner", "child", "cli", "status")
 FORBIDDEN = {
     "supervisor": ("cli", "status"),
@@ -27,7 +27,7 @@ FORBIDDEN = {
 def layer(path: Path) -> str | None:
     """The layer a module belongs to, by where it sits; None: the top (cli, status)."""
     parts = path.relative_to(PACKAGE).parts
-    if len(parts) == 1 or parts[0] in ("engine", "sql"):
+    if len(parts) == 1 or parts[0] in ("engine", "sql", "clients"):
         return "engine"
     if parts[0] in FORBIDDEN:
         return parts[0]
@@ -86,6 +86,9 @@ def test_no_module_imports_against_the_direction() -> None:
 def test_every_layer_is_there_to_be_checked() -> None:
     seen = {layer(path) for path in modules()}
     assert {"engine", "supervisor", "worker", "scanner", "child"} <= seen
+    # The client side is checked as the engine's layer (issue 27, item 20).
+    clients = sorted((PACKAGE / "clients").glob("*.py"))
+    assert len(clients) >= 5 and {layer(path) for path in clients} == {"engine"}
 
 
 @pytest.mark.parametrize(
@@ -100,6 +103,9 @@ def test_every_layer_is_there_to_be_checked() -> None:
         ("sql/__init__.py", "from .. import cli\n"),
         ("runner.py", "from cyclone.worker import Worker\n"),
         ("supervisor/arbiter.py", "from cyclone.cli.common import redact\n"),
+        ("clients/client.py", "from cyclone.cli.common import Session\n"),
+        ("clients/waiting.py", "def f():\n    from cyclone.supervisor import metrics\n"),
+        ("clients/calls.py", "from ..worker import Worker\n"),
     ],
 )
 def test_an_import_against_the_direction_is_caught(where: str, source: str) -> None:
@@ -118,3 +124,50 @@ def test_an_import_against_the_direction_is_caught(where: str, source: str) -> N
 )
 def test_an_import_along_the_direction_passes(where: str, source: str) -> None:
     assert violations(PACKAGE / where, source) == []
+
+
+def engine_imports() -> dict[str, set[str]]:
+    """Each module of cyclone/engine and the engine modules it imports (function-local too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / "engine").glob("*.py")):
+        name = module_name(path)
+        found = imported(path.read_text(), name, path.name == "__init__.py")
+        graph[name] = {
+            target for _, target in found
+            if target.startswith("cyclone.engine.") and target != name
+        }  # fmt: skip
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles among `graph`'s modules (the package's own __init__ left out: it
+    re-exports, and nothing below imports it)."""
+    found, done = [], set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            found.append([*path[path.index(node):], node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            if nxt != "cyclone.engine":
+                visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        if node != "cyclone.engine":
+            visit(node, [])
+    return found
+
+
+def test_the_engine_modules_import_one_way() -> None:
+    """Issue 27, item 19: advance.py and runs.py imported each other (runs at the top, advance
+    in a function), as graphs.py and schedules.py did: no cycle, function-local imports too."""
+    assert cycles(engine_imports()) == []
+    assert "cyclone.engine.advance" not in engine_imports()["cyclone.engine.runs"]
+
+
+def test_a_cycle_is_caught() -> None:
+    graph = {"cyclone.engine.a": {"cyclone.engine.b"}, "cyclone.engine.b": {"cyclone.engine.a"}}
+    assert cycles(graph) == [["cyclone.engine.a", "cyclone.engine.b", "cyclone.engine.a"]]

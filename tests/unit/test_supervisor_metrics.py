@@ -42,6 +42,8 @@ def test_leases_outcomes_kills_and_exits_are_counted() -> None:
     assert 'cyclone_worker_restarts_total{reason="signal"} 1.0' in text
     assert 'cyclone_worker_restarts_total{reason="recycle"} 1.0' in text
     assert 'cyclone_worker_restarts_total{reason="exit"} 1.0' in text
+    # Issue 27, item 16: no `*_created` series beside each counter and histogram.
+    assert "_created" not in text
 
 
 def test_busy_and_idle_workers_and_active_leases_are_read_at_scrape_time() -> None:

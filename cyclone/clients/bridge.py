@@ -5,7 +5,7 @@ the code workers and the scanner run too): a cancel finishes the run's parent, w
 complete the grandparent... Rather than a second, asynchronous copy of those rules, AsyncClient
 runs the same functions in a thread, on a `SyncView` of its async connection: each statement is
 handed back to the event loop, which runs it on the AsyncConnection while the thread waits.
-These calls are rare next to submits and reads, which cyclone.calls runs natively.
+These calls are rare next to submits and reads, which cyclone.clients.calls runs natively.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ connection is taken), then yields the statements to run in order and receives ea
 rows; what it returns is the call's result. `drive` runs a call on a psycopg Connection,
 `adrive` on an AsyncConnection: the two clients differ only in which one they use. Calls
 that walk run trees in Python (cancel, signal...) are the engine's own functions instead;
-AsyncClient runs those through cyclone.bridge.
+AsyncClient runs those through cyclone.clients.bridge.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.schedules import ScheduleSpec, schedule_spec
 from cyclone.sql import QUERIES
 from cyclone.states import MAX_DEADLINE_SECONDS, RunState
+from cyclone.tracecontext import current_traceparent
 from cyclone.workflow import Graph, Workflow, concurrency_key
 
 # A workflow's concurrency as a submit needs it: how to compute a run's key, and the limit.
@@ -241,8 +242,9 @@ class Calls:
         text = encode_json(input, "input", self.max_payload_bytes)
         deadline = deadline_seconds(run_deadline)
         return self._insert_runs(
-            workflow, [str(uuid.uuid4())], [text], deadline, key, priority, [input]
-        )
+            workflow, [str(uuid.uuid4())], [text], deadline, key, priority, [input],
+            current_traceparent(),
+        )  # fmt: skip
 
     def _submit_many_call(
         self,
@@ -260,7 +262,9 @@ class Calls:
         ]
         deadline = deadline_seconds(run_deadline)
         ids = [str(uuid.uuid4()) for _ in texts]
-        return self._insert_runs(workflow, ids, texts, deadline, None, priority, inputs)
+        return self._insert_runs(
+            workflow, ids, texts, deadline, None, priority, inputs, current_traceparent()
+        )
 
     def _insert_runs(
         self,
@@ -271,7 +275,10 @@ class Calls:
         key: str | None = None,
         priority: int | None = None,
         inputs: list[Any] | None = None,
+        trace_parent: str | None = None,
     ) -> Call[tuple[list[str], str | None]]:
+        # `trace_parent` is read by the caller, as the call is made: this generator's body
+        # runs when driven, maybe outside the span current at the call.
         graph, fresh, limit = yield from self._graph(workflow)
         ckeys = None
         if limit is not None:
@@ -279,7 +286,7 @@ class Calls:
         params = submit_params(
             graph.workflow, graph.hash, ids, texts, [graph.nodes[n] for n in graph.roots],
             deadline=deadline, key=key, now=self._clock(), priority=priority, ckeys=ckeys,
-            climit=limit[1] if limit else None,
+            climit=limit[1] if limit else None, trace_parent=trace_parent,
         )  # fmt: skip
         if ckeys:
             # The keys' locks first, in a statement of its own: run_submit's count of active

@@ -1,9 +1,9 @@
 """`cyclone.AsyncClient`: every method of Client as `async def`, on psycopg's async connections.
 
-Submits, reads and waits run cyclone/calls.py's calls (the same checks and statements as
+Submits, reads and waits run cyclone/clients/calls.py's calls (the same checks and statements as
 Client's) on an AsyncConnection from psycopg's async pool, or on the caller's own connection
 (`conn=`), joining its transaction. Cancel, pause, resume and signal run the engine's own code
-through cyclone/bridge.py. Waiters share one listening connection (cyclone/waiting.py).
+through bridge.py. Waiters share one listening connection (waiting.py).
 
 An AsyncClient belongs to the event loop that first uses it.
 """
@@ -22,8 +22,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from cyclone import engine
-from cyclone.bridge import run_sync
-from cyclone.calls import (
+from cyclone.clients.bridge import run_sync
+from cyclone.clients.calls import (
     Call,
     Calls,
     adrive,
@@ -32,9 +32,9 @@ from cyclone.calls import (
     run_uuid,
     timeout_seconds,
 )
+from cyclone.clients.waiting import AsyncWatcher
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.schedules import DEFAULT_CATCHUP, ScheduleInfo
-from cyclone.waiting import AsyncWatcher
 from cyclone.workflow import Workflow
 
 AConn = psycopg.AsyncConnection[Any]
@@ -92,7 +92,7 @@ class AsyncClient(Calls):
                 return await adrive(call, c)
 
     async def _engine(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """One of the engine's functions on a pooled connection (see cyclone/bridge.py)."""
+        """One of the engine's functions on a pooled connection (see cyclone/clients/bridge.py)."""
 
         async def call() -> T:
             async with self.connection() as c:

@@ -1,7 +1,7 @@
 """The client: submit runs, control them and wait for them, from any process, by object or name.
 
-What each call checks, sends and reads is in cyclone/calls.py, shared with AsyncClient
-(cyclone/aclient.py); this module runs those calls on psycopg's synchronous connections.
+What each call checks, sends and reads is in cyclone/clients/calls.py, shared with AsyncClient
+(cyclone/clients/aclient.py); this module runs those calls on psycopg's synchronous connections.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from cyclone import engine
-from cyclone.calls import (
+from cyclone.clients.calls import (
     Call,
     Calls,
     deadline_seconds,
@@ -27,9 +27,9 @@ from cyclone.calls import (
     run_uuid,
     timeout_seconds,
 )
+from cyclone.clients.waiting import ThreadWatcher
 from cyclone.models import AttemptInfo, ExhaustedQuery, RunStatus, StepInfo
 from cyclone.schedules import DEFAULT_CATCHUP, ScheduleInfo
-from cyclone.waiting import ThreadWatcher
 from cyclone.workflow import Workflow
 
 Conn = psycopg.Connection[Any]

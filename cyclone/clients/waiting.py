@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import psycopg
 
-from cyclone.calls import adrive, drive, ended_call, probe_call
+from cyclone.clients.calls import adrive, drive, ended_call, probe_call
 from cyclone.db import connect
 from cyclone.models import RunStatus
 from cyclone.sql import QUERIES
