@@ -10,7 +10,7 @@ runs.py      a run's own operations: submit, lock, cancel a tree of runs (advanc
 control.py   operations on whole runs from outside: cancel, pause, resume, signal
 dlq.py       re-driving a dead step and its failed run
 graphs.py    workflow graphs in the database
-register.py  registering workflows: graphs and declared schedules in one transaction
+register.py  registering workflows: graphs, patches and declared schedules in one transaction
 versions.py  which graph versions a process's code can run: what it may lease
 patches.py   ctx.patched(): a change's answer, recorded once per run
 dispatch.py  the supervisor's statement for its workers: finished tasks and leases for many

@@ -1,4 +1,5 @@
-"""Registering workflows: their graphs, made current by name, and the schedules they declare.
+"""Registering workflows: their graphs, made current by name, the changes their handlers name
+(ctx.patched), and the schedules they declare.
 
 Above graphs.py and schedules.py, which it joins in one transaction (schedules.py reads graphs
 through graphs.py: this is not in graphs.py, so that imports run one way).
@@ -13,6 +14,7 @@ from typing import Any
 import psycopg
 
 from cyclone.engine.graphs import registration
+from cyclone.engine.patches import register_patches
 from cyclone.engine.schedules import upsert_declared
 from cyclone.sql import QUERIES
 from cyclone.workflow import Workflow
@@ -29,4 +31,5 @@ def register_workflows(
         for params in registration(workflows):
             conn.execute(QUERIES["graph_register"], params)
             conn.execute(QUERIES["workflow_register"], params)
+        register_patches(conn, workflows, now=now)
         upsert_declared(conn, workflows, now=now)
