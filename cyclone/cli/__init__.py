@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import errors as pg_errors
 
-from cyclone.cli import admin, dlq, embedded, limits, runs, schedules, status
+from cyclone.cli import admin, console, dlq, embedded, limits, runs, schedules, status
 from cyclone.cli.common import (
     REFUSED,
     STATEMENT_TIMEOUT_MS,
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (admin, runs, dlq, status, limits, schedules, embedded):
+    for module in (admin, runs, dlq, status, limits, schedules, console, embedded):
         module.add_commands(sub, [common, listing])
     return parser
 
