@@ -1,0 +1,36 @@
+"""Workflows the console's browser tests run on a real supervisor (tests/process)."""
+
+from __future__ import annotations
+
+import os
+
+import cyclone
+
+pay = cyclone.Workflow("console-pay")
+
+
+@pay.task(max_attempts=1)
+def charge(ctx):
+    # Declined until the test makes the run's flag file: then a retry goes through.
+    if not os.path.exists(ctx.input["flag"]):
+        raise RuntimeError(f"card declined: insufficient funds (ref {ctx.input['ref']})")
+    return {"charged": ctx.input["ref"]}
+
+
+@pay.task(after=[charge])
+def receipt(ctx):
+    return {"sent": True}
+
+
+hold = cyclone.Workflow("console-hold")
+hold.wait("approval", signal="approved")
+
+
+nap = cyclone.Workflow("console-nap")
+
+
+@nap.task(timeout=60)
+def doze(ctx):
+    # Busy for a while (a worker's row shows it), or until the step is cancelled.
+    ctx.done.wait(ctx.input.get("secs", 20))
+    return None
