@@ -73,13 +73,15 @@ def _page(
     # One row more than shown says whether another page exists. Unprepared: the optional
     # filters leave a generic plan blind to which apply (as run_list).
     args = {**params, "limit": limit + 1, "scan": scan}
-    rows = [dict(r) for r in conn.execute(QUERIES[query], args, prepare=False).fetchall()]
-    if len(rows) > limit:
-        rows = rows[:limit]
-        return Page(rows, (rows[-1][key[0]], rows[-1][key[1]]))
-    if not narrows:
-        return Page(rows, None)  # the window was not full: nothing older in range
-    edge = conn.execute(QUERIES[boundary], args, prepare=False).fetchone()
+    with conn.transaction():
+        conn.execute(QUERIES["console_walk"], {"local": True})
+        rows = [dict(r) for r in conn.execute(QUERIES[query], args, prepare=False).fetchall()]
+        if len(rows) > limit:
+            rows = rows[:limit]
+            return Page(rows, (rows[-1][key[0]], rows[-1][key[1]]))
+        if not narrows:
+            return Page(rows, None)  # the window was not full: nothing older in range
+        edge = conn.execute(QUERIES[boundary], args, prepare=False).fetchone()
     if edge is None:
         return Page(rows, None)
     cursor = (edge[key[0]], edge[key[1]])
@@ -156,6 +158,7 @@ class RunView:
 def run_view(conn: Conn, run_id: str) -> RunView | None:
     with conn.transaction():
         conn.execute(QUERIES["status_begin"])  # one moment for every part of the page
+        conn.execute(QUERIES["console_walk"], {"local": True})
         run = conn.execute(QUERIES["console_run"], {"run_id": run_id}).fetchone()
         if run is None:
             return None
@@ -324,6 +327,7 @@ def limits(conn: Conn, *, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
     params = {"limit": limit}
     with conn.transaction():
         conn.execute(QUERIES["status_begin"])
+        conn.execute(QUERIES["console_walk"], {"local": True})
         out = {
             name: [dict(r) for r in conn.execute(QUERIES[query], params).fetchall()]
             for name, query in (("keys", "limits_keys"), ("nodes", "limits_nodes"),

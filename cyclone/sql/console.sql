@@ -4,6 +4,18 @@
 -- its actions go through the engine (retry_dead_step, cancel_run), never through SQL of its own.
 -- It also reads statements of status.sql (workers, limits, DLQ depth) and runs.sql.
 
+-- name: console_walk
+-- In the transaction of every console read of this file: plans that walk an index in its
+-- order and stop when the page is full, whatever the statistics say. Without them, a planner
+-- that sized a listing's window by its LIMIT (%(scan)s rows, not the page's) or by statistics
+-- of another day read the whole range through a bitmap and sorted it (30,000 runs for a page
+-- of 50, on a table never analyzed), and one that took cyclone_step_attempts for a table of
+-- 30 rows read all of it for each step. `local`: for the transaction only (the console),
+-- else for the session.
+SELECT set_config(s.name, s.value, %(local)s)
+  FROM unnest(ARRAY['enable_sort', 'enable_bitmapscan', 'enable_hashjoin', 'enable_seqscan'],
+              ARRAY['off', 'off', 'off', 'off']) AS s (name, value);
+
 -- name: _runs_window
 -- A fragment: runs w after the keyset cursor (%(before_at)s, %(before_id)s) and inside
 -- [%(since)s, %(until)s), newest first, in cyclone_runs_created_idx's order.
@@ -24,6 +36,10 @@
  ORDER BY s.completed_at DESC, s.id DESC
 
 -- name: console_runs
+-- A run's dead steps are read through its run_id alone (`state || ''` is no condition an
+-- index of dead steps can take): with `state = 'dead'` the planner ANDed the run's entries
+-- with cyclone_steps_dead_idx, reading the whole DLQ for each run.
+--
 -- A page of runs, newest first, after the keyset cursor (%(before_at)s, %(before_id)s) and
 -- inside [%(since)s, %(until)s). The filters apply to a window of at most %(scan)s runs walked
 -- in cyclone_runs_created_idx's order, so no filter can make a page read the whole history:
@@ -44,7 +60,8 @@ SELECT r.id, r.workflow, r.state, r.queue, r.priority, r.concurrency_key, r.pare
 -- include: _runs_window
          LIMIT %(scan)s) AS r
   LEFT JOIN LATERAL (SELECT s.error_kind, s.error FROM cyclone_steps s
-                      WHERE s.run_id = r.id AND r.state = 'failed' AND s.state = 'dead'
+                      WHERE s.run_id = r.id AND r.state = 'failed'
+                        AND s.state || '' = 'dead'
                       ORDER BY s.completed_at, s.id LIMIT 1) AS f ON true
  WHERE (%(state)s::text IS NULL OR r.state = %(state)s::text)
    AND (%(workflow)s::text IS NULL OR r.workflow = %(workflow)s::text)
@@ -55,7 +72,7 @@ SELECT r.id, r.workflow, r.state, r.queue, r.priority, r.concurrency_key, r.pare
    AND (%(error)s::text IS NULL
         OR (r.state = 'failed'
             AND EXISTS (SELECT 1 FROM cyclone_steps d
-                         WHERE d.run_id = r.id AND d.state = 'dead'
+                         WHERE d.run_id = r.id AND d.state || '' = 'dead'
                            AND strpos(lower(d.error), lower(%(error)s::text)) > 0)))
  ORDER BY r.created_at DESC, r.id DESC
  LIMIT %(limit)s;
@@ -82,7 +99,7 @@ SELECT r.id, r.workflow, r.state, r.input, r.output, r.parent_run_id, r.parent_s
                                   'attempt', s.attempt, 'error_kind', s.error_kind,
                                   'error', s.error)
           FROM cyclone_steps s
-         WHERE s.run_id = r.id AND s.state = 'dead'
+         WHERE s.run_id = r.id AND s.state || '' = 'dead'
          ORDER BY s.completed_at, s.id LIMIT 1) AS failure,
        CASE r.state
             WHEN 'running' THEN extract(epoch FROM r.deadline_at - now())
@@ -95,11 +112,13 @@ SELECT r.id, r.workflow, r.state, r.input, r.output, r.parent_run_id, r.parent_s
  WHERE r.id = %(run_id)s;
 
 -- name: console_run_children
--- A run's child runs, oldest first, through the index of children.
+-- A run's child runs, by the step that started each then oldest first, through the index of
+-- children (an order no other index gives: by created_at alone, the planner walked
+-- cyclone_runs_created_idx through every run, filtering on the parent).
 SELECT id, workflow, state, parent_step_id, created_at, finished_at
   FROM cyclone_runs
  WHERE parent_run_id = %(run_id)s
- ORDER BY created_at, id
+ ORDER BY parent_step_id, created_at, id
  LIMIT %(limit)s;
 
 -- name: console_run_steps

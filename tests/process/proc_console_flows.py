@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import cyclone
 
@@ -29,7 +30,7 @@ hold.wait("approval", signal="approved")
 nap = cyclone.Workflow("console-nap")
 
 
-@nap.task(timeout=60)
+@nap.task(timeout=timedelta(seconds=60))
 def doze(ctx):
     # Busy for a while (a worker's row shows it), or until the step is cancelled.
     ctx.done.wait(ctx.input.get("secs", 20))
