@@ -4,9 +4,31 @@ trusted)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+
+
+class _Server(uvicorn.Server):
+    """SIGTERM and SIGINT stop the server gracefully and the command exits 0: uvicorn's own
+    handling raises the signal again once stopped, so a service manager would see a death by
+    signal where the operator asked for a stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield  # a server in a thread (the tests) is stopped by should_exit
+            return
+        previous = {s: signal.signal(s, self.handle_exit) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def make_server(app: Any, host: str, port: int) -> uvicorn.Server:
@@ -14,4 +36,4 @@ def make_server(app: Any, host: str, port: int) -> uvicorn.Server:
         app, host=host, port=port, log_level="warning", access_log=False,
         server_header=False, proxy_headers=False, lifespan="on",
     )  # fmt: skip
-    return uvicorn.Server(config)
+    return _Server(config)
