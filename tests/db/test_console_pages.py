@@ -291,3 +291,20 @@ def test_any_filter_value_gets_a_page_or_one_clear_message(console: Browser, nam
     assert got.status in (200, 400), (name, value, got.status)
     if got.status == 400:
         assert got.problem().startswith(f"{name}:"), got.problem()
+
+
+def test_a_run_that_carries_a_trace_links_to_it(env: TestEnv):
+    """Where runs store their W3C traceparent (a `trace_parent` column, with tracing on), the
+    run's page links the configured trace_url; on a schema without the column, nothing."""
+    env.register(slow)
+    (run_id,) = env.client.submit_many(slow, [None])
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with serve(env.dsn, trace_url="https://jaeger.internal/trace/{trace_id}") as base:
+        assert "trace-link" not in Browser(base).get(f"/runs/{run_id}").text
+        env.conn.execute("ALTER TABLE cyclone_runs ADD COLUMN trace_parent text")
+        env.conn.execute(
+            "UPDATE cyclone_runs SET trace_parent = %s WHERE id = %s",
+            (f"00-{trace}-00f067aa0ba902b7-01", run_id),
+        )
+        page = Browser(base).get(f"/runs/{run_id}").text
+    assert f'href="https://jaeger.internal/trace/{trace}"' in page
