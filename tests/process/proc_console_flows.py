@@ -35,3 +35,11 @@ def doze(ctx):
     # Busy for a while (a worker's row shows it), or until the step is cancelled.
     ctx.done.wait(ctx.input.get("secs", 20))
     return None
+
+
+# Flow control for the queues page: one run of an account at a time (the others queue).
+keyed = cyclone.Workflow(
+    "console-keyed", queue="emails", priority=2,
+    concurrency=cyclone.Concurrency(key="account", limit=1),
+)  # fmt: skip
+keyed.wait("confirm", signal="confirmed")

@@ -156,6 +156,8 @@ def test_a_workers_row_appears_and_goes_live(env: TestEnv, supervisor, tmp_path:
         failed = _submit(env, tmp_path, ["ref-X", "ref-Y"])
         env.client.submit_many("console-hold", [{"i": i} for i in range(3)])
         env.client.submit("console-nap", {"secs": 20})
+        env.client.submit_many("console-keyed", [{"account": "acme"}] * 3)
+        env.client.set_rate_limit("smtp", rate=5, per=1.0, burst=10)
         for run_id in failed.values():
             wait_for(lambda r=run_id: _ended(env, r), 30, "the runs to fail")
         for path in PAGES:
