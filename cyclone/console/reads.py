@@ -115,7 +115,7 @@ class DlqFilter:
 
     @property
     def narrows(self) -> bool:
-        return any((self.reason, self.workflow, self.error))
+        return any((self.workflow, self.error))  # a reason is a seek, not a filter
 
 
 def dlq_page(

@@ -28,8 +28,10 @@ SELECT set_config(s.name, s.value, %(local)s)
 
 -- name: _dead_window
 -- A fragment: dead steps s after the keyset cursor (%(before_at)s, %(before_id)s), dead since
--- %(since)s, newest first, in cyclone_steps_dead_idx's order.
+-- %(since)s, of %(reason)s when given, newest first: in cyclone_steps_dead_idx's order, or
+-- with a reason in cyclone_steps_dead_kind_idx's (a seek to the reason, not a filter).
  WHERE s.state = 'dead'
+   AND (%(reason)s::text IS NULL OR s.error_kind = %(reason)s::text)
    AND (s.completed_at, s.id) < (coalesce(%(before_at)s::timestamptz, 'infinity'),
                                  coalesce(%(before_id)s::bigint, 9223372036854775807))
    AND s.completed_at >= coalesce(%(since)s::timestamptz, '-infinity')
@@ -143,9 +145,9 @@ SELECT a.step_id, a.attempt, a.error_kind, a.error, a.worker, a.started_at, a.en
  LIMIT %(limit)s;
 
 -- name: console_dlq
--- A page of the DLQ, newest first after the keyset cursor (%(before_at)s, %(before_id)s),
--- through cyclone_steps_dead_idx; the filters apply to a window of at most %(scan)s dead
--- steps (as console_runs), with each step's run and its deadline.
+-- A page of the DLQ (of one reason, or all), newest first after the keyset cursor; the
+-- workflow and error filters apply to a window of at most %(scan)s dead steps (as
+-- console_runs), with each step's run and its deadline.
 SELECT d.id, d.run_id, d.workflow, d.node, d.kind, d.item_index, d.attempt, d.error_kind,
        d.error, d.completed_at, r.state AS run_state, r.parent_run_id, r.deadline_at
   FROM (SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.item_index, s.attempt,
@@ -155,8 +157,7 @@ SELECT d.id, d.run_id, d.workflow, d.node, d.kind, d.item_index, d.attempt, d.er
          LIMIT %(scan)s) AS d
   JOIN LATERAL (SELECT r.state, r.parent_run_id, r.deadline_at FROM cyclone_runs r
                  WHERE r.id = d.run_id OFFSET 0) AS r ON true
- WHERE (%(reason)s::text IS NULL OR d.error_kind = %(reason)s::text)
-   AND (%(workflow)s::text IS NULL OR d.workflow = %(workflow)s::text)
+ WHERE (%(workflow)s::text IS NULL OR d.workflow = %(workflow)s::text)
    AND (%(error)s::text IS NULL OR strpos(lower(d.error), lower(%(error)s::text)) > 0)
  ORDER BY d.completed_at DESC, d.id DESC
  LIMIT %(limit)s;

@@ -101,7 +101,7 @@ CASES: dict[str, tuple[str, Callable[[History], dict[str, Any]], int]] = {
         PAGE,
     ),
     "dlq_newest": ("console_dlq", lambda h: _dlq(h), 2 * PAGE),
-    "dlq_reason": ("console_dlq", lambda h: _dlq(h, reason="timeout"), SCAN + PAGE),
+    "dlq_reason": ("console_dlq", lambda h: _dlq(h, reason="timeout"), 2 * PAGE),  # a seek
     "dlq_error_text": ("console_dlq", lambda h: _dlq(h, error="crashed on order"), SCAN + PAGE),
     "dlq_boundary": ("console_dlq_boundary", lambda h: _dlq(h, reason="timeout"), SCAN + 1),
     "workflows": ("console_workflows", lambda h: {"limit": 200}, PAGE),
