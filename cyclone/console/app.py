@@ -169,7 +169,7 @@ class Headers:
         await self.app(scope, receive, send_with_headers)
 
 
-def create_app(settings: ConsoleSettings) -> Starlette:
+def create_app(settings: ConsoleSettings) -> ASGIApp:
     """The console as an ASGI application (served by `cyclone console` with uvicorn)."""
     db = Database(settings)
     gate = guard.Guard(settings.token)
@@ -355,9 +355,7 @@ def create_app(settings: ConsoleSettings) -> Starlette:
         Route("/actions/cancel", cancel, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.db = db
-    return Headers(app, settings.bind)  # type: ignore[return-value]
+    return Headers(Starlette(routes=routes, lifespan=lifespan), settings.bind)
 
 
 class NotFound(CycloneError):
