@@ -55,6 +55,14 @@ def _shoot(driver, tmp: Path, name: str) -> None:
         shutil.copy(path, Path(keep) / path.name)
 
 
+def _shoot_both(driver, tmp: Path, name: str) -> None:
+    """The page at 1280x800 and at a phone's 390x844 (NAME-desktop.png, NAME-phone.png)."""
+    _shoot(driver, tmp, f"{name}-desktop")
+    set_size(driver, PHONE)
+    _shoot(driver, tmp, f"{name}-phone")
+    set_size(driver, DESKTOP)
+
+
 def _submit(env: TestEnv, tmp: Path, refs: list[str]) -> dict[str, str]:
     return {
         ref: env.client.submit("console-pay", {"ref": ref, "flag": str(tmp / f"flag-{ref}")})
@@ -87,10 +95,7 @@ def test_find_a_failed_run_see_why_retry_it_and_watch_it_complete(
         assert _until(driver, lambda d: _by(d, "#kill-reason").text, "the reason") == "error"
         assert "card declined: insufficient funds (ref ref-B)" in _by(driver, "#failure-error").text
         assert "Traceback" in _by(driver, "#failure-error").text
-        _shoot(driver, tmp_path, "run-failed-desktop")
-        set_size(driver, PHONE)
-        _shoot(driver, tmp_path, "run-failed-phone")
-        set_size(driver, DESKTOP)
+        _shoot_both(driver, tmp_path, "run-failed")
 
         # Sign in, retry it from the DLQ with a new deadline.
         (tmp_path / "flag-ref-B").touch()
@@ -102,10 +107,7 @@ def test_find_a_failed_run_see_why_retry_it_and_watch_it_complete(
         row = next(r for r in _all(driver, "#dead tbody tr") if runs["ref-B"] in r.text)
         row.find_element("css selector", 'input[name="step_id"]').click()
         _by(driver, "#retry-deadline").send_keys("10m")
-        _shoot(driver, tmp_path, "dlq-desktop")
-        set_size(driver, PHONE)
-        _shoot(driver, tmp_path, "dlq-phone")
-        set_size(driver, DESKTOP)
+        _shoot_both(driver, tmp_path, "dlq")
         _by(driver, "#retry-selected").click()
         outcomes = _until(driver, lambda d: _by(d, "#outcomes").text, "the outcome")
         assert "is running again" in outcomes and runs["ref-B"] in outcomes
@@ -130,10 +132,7 @@ def test_bulk_cancel_a_set_of_runs(env: TestEnv, supervisor, tmp_path: Path):
         for box in _all(driver, '#runs input[name="run_id"]'):
             if box.get_attribute("value") != other:
                 box.click()
-        _shoot(driver, tmp_path, "runs-desktop")
-        set_size(driver, PHONE)
-        _shoot(driver, tmp_path, "runs-phone")
-        set_size(driver, DESKTOP)
+        _shoot_both(driver, tmp_path, "runs")
         _by(driver, "#cancel-selected").click()
         text = _until(driver, lambda d: _by(d, "h1").text, "the outcome")
         assert text == "Cancel: 4 of 4 done"
@@ -163,10 +162,7 @@ def test_a_workers_row_appears_and_goes_live(env: TestEnv, supervisor, tmp_path:
         for path in PAGES:
             driver.get(f"{base}{path}")
             name = path.strip("/") or "overview"
-            _shoot(driver, tmp_path, f"{name}-desktop")
-            set_size(driver, PHONE)
-            _shoot(driver, tmp_path, f"{name}-phone")
-            set_size(driver, DESKTOP)
+            _shoot_both(driver, tmp_path, name)
         driver.get(f"{base}/fleet")
         _until(driver, lambda d: sorted(rows(d)) == sorted(pids), "the workers' rows", 30)
         # A planned stop removes its rows: the page sees them go without a reload.
@@ -174,4 +170,3 @@ def test_a_workers_row_appears_and_goes_live(env: TestEnv, supervisor, tmp_path:
         proc.popen.wait(30)
         _until(driver, lambda d: rows(d) == [], "the rows to go", 30)
         assert "No supervisor has published itself." in _by(driver, "#supervisors").text
-
