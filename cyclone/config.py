@@ -29,6 +29,8 @@ from cyclone.redact import URL_SCHEME, redact_dsn, show_value
 
 MAX_CONFIG_BYTES = 1 << 20  # tomllib's docs warn that hostile TOML can eat CPU and memory
 ENV_DATABASE_URL = "CYCLONE_DATABASE_URL"
+ENV_CONSOLE_TOKEN = "CYCLONE_CONSOLE_TOKEN"
+MIN_TOKEN_LENGTH = 16
 EXAMPLE_DATABASE_URL = "postgresql://cyclone:PASSWORD@db.internal:5432/cyclone"
 
 # --- the registry ---------------------------------------------------------------------------
@@ -151,6 +153,15 @@ MEMORY = Check(
 )
 POSITIVE = Check(f"a duration > 0 ({DURATION_HELP})", lambda v: v > 0)
 DSN = Check('a "postgresql://" URL or a "key=value" connection string', _is_dsn)
+TOKEN = Check(
+    f"a string of at least {MIN_TOKEN_LENGTH} characters, no spaces or control characters",
+    lambda v: len(v) >= MIN_TOKEN_LENGTH and v.isprintable() and not any(c.isspace() for c in v),
+)
+TRACE_URL = Check(
+    'an http(s) URL with {trace_id} in it, like "https://jaeger.internal/trace/{trace_id}"',
+    lambda v: v.startswith(("https://", "http://")) and "{trace_id}" in v
+    and v.count("{") == 1 and v.count("}") == 1 and v.isprintable(),
+)
 MODULE_NAMES = Check(
     'a list of importable dotted module names, like ["myapp.workflows"]',
     # Syntax only: importing is the supervisor's job, after it has set up logging.
@@ -187,6 +198,8 @@ SECTION_DOCS = {
     "workflows": "Python modules that define workflows; imported by the supervisor at start-up.",
     "logging": "Log output of every Cyclone process.",
     "tracing": "OpenTelemetry: a span per attempt, in the trace current at submit.",
+    "console": "The web console (`cyclone console`, the `cyclone[console]` extra): runs, the DLQ, "
+    "limits, schedules and the fleet in a browser (docs/console.md).",
 }
 
 SETTINGS: tuple[Setting, ...] = (
@@ -268,6 +281,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("tracing", "enabled", BOOL, False, None,
             "Export a span per attempt with OpenTelemetry (needs the otel extra), child of the "
             "trace current at submit; the OTEL_* variables configure the exporter."),
+    Setting("console", "bind", STR, "127.0.0.1", None,
+            "Address the console listens on. Loopback by default: put it behind the operator's "
+            "proxy (TLS, login) to reach it from elsewhere."),
+    Setting("console", "port", INT, 8465, _ints(0, 65535), "Port to listen on; 0 picks one."),
+    Setting("console", "token", STR, None, TOKEN,
+            "Enables the console's actions (DLQ retry, cancel): an operator signs in with it. "
+            f"Unset: the console is read-only. {ENV_CONSOLE_TOKEN} overrides it; prefer that "
+            "to keep it out of this file."),
+    Setting("console", "trace_url", STR, None, TRACE_URL,
+            "A link to a run's trace in your tracing UI, with {trace_id} where the trace id "
+            "goes, like \"https://jaeger.internal/trace/{trace_id}\" (runs that carry a trace)."),
 )  # fmt: skip
 
 _BY_SECTION: dict[str, dict[str, Setting]] = {}
@@ -360,6 +384,21 @@ class TracingConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    bind: str = _default("console", "bind")
+    port: int = _default("console", "port")
+    token: str | None = _default("console", "token")
+    trace_url: str | None = _default("console", "trace_url")
+
+    def __repr__(self) -> str:  # settings get logged; the token must not be
+        token = None if self.token is None else "<set>"
+        return (
+            f"ConsoleConfig(bind={self.bind!r}, port={self.port!r}, token={token!r}, "
+            f"trace_url={self.trace_url!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
@@ -369,6 +408,7 @@ class Settings:
     workflows: WorkflowsConfig = field(default_factory=WorkflowsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     tracing: TracingConfig = field(default_factory=TracingConfig)
+    console: ConsoleConfig = field(default_factory=ConsoleConfig)
 
 
 SECTION_CLASSES: dict[str, type] = {f.name: f.default_factory for f in fields(Settings)}  # type: ignore[misc]
@@ -419,8 +459,12 @@ def _check_value(origin: str, setting: Setting, raw: Any) -> Any:
     except (ValueError, TypeError):
         valid = False
     if not valid:
-        got = f"got {show_value(raw)}{why}"
-        raise _fail(origin, f"{setting.label}: expected {setting.expected}, {got}")
+        # A secret is never echoed, even a bad one: say only what it looked like.
+        shown = show_value(raw)
+        if setting.validator is TOKEN:
+            shown = f"a {type(raw).__name__} of {len(raw)} characters" if isinstance(
+                raw, str) else type(raw).__name__
+        raise _fail(origin, f"{setting.label}: expected {setting.expected}, got {shown}{why}")
     return value
 
 
@@ -489,6 +533,11 @@ def load_config(
         values["database"]["url"] = _check_value(
             ENV_DATABASE_URL, _BY_SECTION["database"]["url"], env_url
         )
+    env_token = env.get(ENV_CONSOLE_TOKEN)
+    if env_token:
+        values["console"]["token"] = _check_value(
+            ENV_CONSOLE_TOKEN, _BY_SECTION["console"]["token"], env_token
+        )
     url = values["database"].get("url")
     if url is not None:
         from cyclone.db import check_dsn
@@ -516,6 +565,8 @@ def settings_as_dict(settings: Settings) -> dict[str, dict[str, Any]]:
     if out["database"]["url"] is not None:
         out["database"]["url"] = redact_dsn(out["database"]["url"])
     out["workflows"]["modules"] = list(out["workflows"]["modules"])
+    if out["console"]["token"] is not None:
+        out["console"]["token"] = "<set>"
     return out
 
 
@@ -535,6 +586,8 @@ _EXAMPLES = {
     "listen_url": "postgresql://cyclone@db-primary.internal:5432/cyclone",
     "embedded_dir": "/var/lib/cyclone/pgdata",
     "max_memory": "2G",
+    "token": "a-long-random-string",
+    "trace_url": "https://jaeger.internal/trace/{trace_id}",
 }
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import errors as pg_errors
 
-from cyclone.cli import admin, dlq, embedded, limits, runs, schedules, status, versions
+from cyclone.cli import admin, console, dlq, embedded, limits, runs, schedules, status, versions
 from cyclone.cli.common import (
     REFUSED,
     STATEMENT_TIMEOUT_MS,
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"cyclone {package_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (admin, runs, dlq, status, limits, schedules, versions, embedded):
+    for module in (admin, runs, dlq, status, limits, schedules, versions, console, embedded):
         module.add_commands(sub, [common, listing])
     return parser
 
