@@ -123,7 +123,10 @@ CREATE TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
                   < pg_sequence_last_value('cyclone_wake_timer')))
     EXECUTE FUNCTION cyclone_steps_wake();
 
-CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF state, available_at, due_at
+-- Not UPDATE OF state: every write that makes a step available again sets its available_at
+-- (a retry, a release, a token given, a DLQ retry, a parked step freed), and the lease and the
+-- completion, which set state on every step, then never consider this trigger at all.
+CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF available_at, due_at
     ON cyclone_steps FOR EACH ROW
     WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
            AND OLD.state <> 'available'
