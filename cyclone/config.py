@@ -75,10 +75,14 @@ def _coerce_queues(value: Any) -> tuple[tuple[str, int | None], ...]:
 
 
 def _good_queues(pairs: tuple[tuple[str, int | None], ...]) -> bool:
-    return bool(pairs) and all(
-        name and name == name.strip() and len(name) <= 100 and (cap is None or cap >= 1)
-        for name, cap in pairs
-    ) and len({name for name, _ in pairs}) == len(pairs)
+    return (
+        bool(pairs)
+        and all(
+            name and name == name.strip() and len(name) <= 100 and (cap is None or cap >= 1)
+            for name, cap in pairs
+        )
+        and len({name for name, _ in pairs}) == len(pairs)
+    )
 
 
 def _is_dsn(url: str) -> bool:
@@ -129,10 +133,11 @@ DURATION = ValueType(
 )
 MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
 QUEUES = ValueType(
-    'a list of queue names, or a table of queue = most workers, like { default = 4, emails = 2 }',
+    "a list of queue names, or a table of queue = most workers, like { default = 4, emails = 2 }",
     _coerce_queues,
-    lambda v: json.dumps({name: cap for name, cap in v} if any(c for _, c in v)
-                         else [name for name, _ in v]),
+    lambda v: json.dumps(
+        {name: cap for name, cap in v} if any(c for _, c in v) else [name for name, _ in v]
+    ),
 )
 QUEUE_NAMES = Check(
     "queue names of 1 to 100 characters (each once), with caps >= 1, like "
@@ -237,6 +242,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scanner", "retention", DURATION, 7 * 86400.0, None,
             "Finished runs older than this are deleted; 0 keeps them. A runtime role that "
             "does not own the schema keeps at least the last day's (migration 15)."),
+    Setting("scanner", "history_after", DURATION, 30.0, None,
+            "Finished runs move out of the hot tables into history, partitioned by time, this "
+            "long after they end; retention then drops history a partition at a time. 0 keeps "
+            "them in the hot tables until retention deletes them (docs/scaling.md)."),
     Setting("metrics", "enabled", BOOL, True, None, "Serve Prometheus metrics."),
     Setting("metrics", "bind", STR, "127.0.0.1", None,
             "Address to listen on; metrics are not authenticated, so keep it private."),
@@ -312,6 +321,7 @@ class ScannerConfig:
     interval: float = _default("scanner", "interval")
     batch_size: int = _default("scanner", "batch_size")
     retention: float = _default("scanner", "retention")
+    history_after: float = _default("scanner", "history_after")
 
 
 @dataclass(frozen=True, slots=True)

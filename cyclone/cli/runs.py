@@ -195,6 +195,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
     )
     return status
 
+
 def _wait(client: Client, run_id: str, timeout: float | None) -> RunStatus | None:
     try:
         return client.wait(run_id, timeout)

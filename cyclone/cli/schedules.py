@@ -37,9 +37,7 @@ def time_arg(value: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {printable(value)}") from None
     if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"give the time's zone (Z or +01:00): {printable(value)}"
-        )
+        raise argparse.ArgumentTypeError(f"give the time's zone (Z or +01:00): {printable(value)}")
     return moment
 
 

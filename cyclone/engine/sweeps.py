@@ -19,7 +19,11 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
     schedules          schedule due (next tick)       -> the tick's run started (one per tick),
                                                           or skipped or buffered by its overlap
                                                           policy; missed past its catch-up window
-    retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
+    history            finished run past history_after -> moved to the partitioned history
+                                                          (when `scanner.history_after` > 0)
+    history_drop       history partition past retention-> archived (`scanner.archive`), dropped
+    retention          finished run past retention     -> deleted (when `scanner.retention` > 0):
+                                                          failed and keyed runs, which stay hot
 """
 
 from __future__ import annotations
@@ -41,8 +45,16 @@ from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
 Conn = psycopg.Connection[Any]
 DEFAULT_BATCH = 500
-# Old runs pile up slowly, so once a minute is enough however short the scanner interval is.
-RETENTION_EVERY = 60.0
+# What retention deletes row by row (failed and keyed runs, and all runs while history is off)
+# is looked for every few seconds, and deleted while batches come back full for up to
+# BUDGET seconds a pass: no fixed cap per minute that a faster engine could outrun.
+RETENTION_EVERY = 5.0
+# The most a pass spends in one sweep that loops while it is behind (moving, deleting): the
+# sweeps after it (leases, deadlines) wait for it, so it yields, and goes on next pass.
+BUDGET = 2.0
+# History partitions are a span of at least a minute (cyclone_history_span): a look every
+# ten seconds drops each within seconds of its end passing the retention.
+HISTORY_DROP_EVERY = 10.0
 
 
 def sweep_deadlines(
@@ -161,6 +173,60 @@ def sweep_retention(
         return int(row["deleted"])
 
 
+def sweep_history(
+    conn: Conn,
+    *,
+    history_after: float,
+    retention: float = 0.0,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+) -> int:
+    """Move finished top-level runs (completed or cancelled, no idempotency key) that ended
+    more than `history_after` seconds ago, with their child runs, steps and attempts, into the
+    partitioned history, making its partitions as needed; returns how many top-level runs."""
+    params = {"tail": history_after, "retention": retention, "batch_size": batch_size,
+              "now": now}  # fmt: skip
+    with conn.transaction():
+        return int(conn.execute(QUERIES["sweep_history"], params).fetchone()["moved"])
+
+
+def history_droppable(
+    conn: Conn, *, retention: float, now: datetime | None = None
+) -> list[tuple[datetime, datetime]]:
+    """The history partitions all past `retention`, oldest first: (lo, hi) each."""
+    with conn.transaction():
+        rows = conn.execute(
+            QUERIES["history_droppable"], {"retention": retention, "now": now}
+        ).fetchall()
+    return [(r["lo"], r["hi"]) for r in rows]
+
+
+def sweep_history_drop(
+    conn: Conn,
+    *,
+    retention: float,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+    archive: Callable[[Conn, datetime, datetime], None] | None = None,
+) -> int:
+    """Drop the history partitions all past `retention` (after `archive(conn, lo, hi)` has
+    written each one out, when given); returns how many were dropped. One that readers hold
+    for over a second is left for the next pass."""
+    dropped = 0
+    for lo, hi in history_droppable(conn, retention=retention, now=now)[:batch_size]:
+        if archive is not None:
+            archive(conn, lo, hi)
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    QUERIES["sweep_history_drop"], {"retention": retention, "now": now, "lo": lo}
+                ).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            break
+        dropped += bool(row["dropped"])
+    return dropped
+
+
 def sweep_stale_supervisors(
     conn: Conn,
     *,
@@ -220,6 +286,9 @@ class Sweep:
     leases_reclaimed: bool = False  # its rows are expired leases reclaimed
     setting: str | None = None  # a scanner setting it takes; off while that is 0 or less
     takes: tuple[str, ...] = ()  # scanner settings passed to it when given, whatever they are
+    # Seconds a pass may spend batching it while batches come back full (None: the scanner's
+    # MAX_BATCHES, with pauses between them for the rows' other users).
+    budget: float | None = None
 
     def batch(
         self,
@@ -253,7 +322,10 @@ SWEEPS = (
     Sweep("fair_clock", sweep_fair_clock),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
     Sweep("schedules", sweep_schedules),
-    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention"),
+    # Ended runs leave after everything that ends runs, so a pass moves what it just ended.
+    Sweep("history", sweep_history, setting="history_after", takes=("retention",), budget=BUDGET),
+    Sweep("history_drop", sweep_history_drop, every=HISTORY_DROP_EVERY, setting="retention"),
+    Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention", budget=BUDGET),
 )
 
 

@@ -40,6 +40,8 @@ class ScannerOptions:
     interval: float
     batch_size: int
     retention: float  # seconds; 0 or less keeps finished runs forever
+    # Seconds after their end that finished runs move to history; 0 or less: they stay hot.
+    history_after: float = 0.0
     # No statement may hold its locks longer than this: a stuck sweep fails and runs again.
     statement_timeout: float = 30.0
     # The workers' lease_ttl: a lease that lapsed before the server had been up this long
@@ -50,7 +52,7 @@ class ScannerOptions:
 def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
     """The registry's sweeps (`cyclone.engine.sweeps.SWEEPS`) that these options enable, in
     its order: a retention of 0 or less keeps finished runs forever."""
-    settings = {"retention": options.retention}
+    settings = {"retention": options.retention, "history_after": options.history_after}
     if options.lease_ttl is not None:
         settings["outage_grace"] = options.lease_ttl
     return [

@@ -146,6 +146,23 @@ RETURNING s.id, s.run_id, s.node;
 -- runtime role deletes history only this way. Returns the number of top-level runs deleted.
 SELECT cyclone_delete_finished(%(retention)s, %(batch_size)s, %(now)s::timestamptz) AS deleted;
 
+-- name: sweep_history
+-- History (migration 18): one batch of finished runs moved out of the hot tables. The function
+-- runs with the migrating role's rights (it makes partitions); see its comments in schema.sql.
+SELECT cyclone_history_move(%(tail)s, %(retention)s, %(batch_size)s, %(now)s::timestamptz)
+       AS moved;
+
+-- name: history_droppable
+-- The partitions of history whose every run ended before the retention, oldest first (the
+-- bookkeeping table holds a row per partition: a few dozen at most).
+SELECT lo, hi FROM cyclone_history_partitions
+ WHERE hi <= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
+ ORDER BY lo;
+
+-- name: sweep_history_drop
+-- One of them dropped (all three tables), if it is still there and past the retention.
+SELECT cyclone_history_drop(%(retention)s, %(now)s::timestamptz, %(lo)s) AS dropped;
+
 -- name: sweep_stale_supervisors
 -- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
 -- by cascade, their workers. The table holds one row per supervisor, so no index is needed.

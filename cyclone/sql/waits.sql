@@ -27,4 +27,8 @@ SELECT pg_notify('cyclone_run_ended', %(token)s);
 -- waiter woken at once (by notifications, or by a poll).
 -- include: _run_status
   FROM cyclone_runs r
- WHERE id = ANY(%(run_ids)s::uuid[]) AND state IN ('completed', 'failed', 'cancelled');
+ WHERE id = ANY(%(run_ids)s::uuid[]) AND state IN ('completed', 'failed', 'cancelled')
+ UNION ALL
+-- include: _history_run_status
+  FROM cyclone_history_runs r
+ WHERE id = ANY(%(run_ids)s::uuid[]);

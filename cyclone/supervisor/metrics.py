@@ -311,9 +311,7 @@ def _read_head(conn: socket.socket, deadline: float) -> bytes:
         if end >= 0:
             return data[:end].replace(b"\r\n", b"\n")
         if len(data) > MAX_REQUEST_BYTES:
-            raise _Refused(
-                "431 Request Header Fields Too Large", f"over {MAX_REQUEST_BYTES} bytes"
-            )
+            raise _Refused("431 Request Header Fields Too Large", f"over {MAX_REQUEST_BYTES} bytes")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Refused(None, f"request not read within {REQUEST_DEADLINE:g}s")
@@ -327,9 +325,7 @@ def _read_head(conn: socket.socket, deadline: float) -> bytes:
         data += chunk
 
 
-def _response(
-    status: str, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool
-) -> bytes:
+def _response(status: str, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool) -> bytes:
     lines = [f"HTTP/1.0 {status}"]
     lines += [f"{name}: {value}" for name, value in headers if name.lower() != "content-length"]
     lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]

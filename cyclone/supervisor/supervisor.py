@@ -121,6 +121,7 @@ class ChildBuilder:
             interval=self.settings.scanner.interval,
             batch_size=self.settings.scanner.batch_size,
             retention=self.settings.scanner.retention,
+            history_after=self.settings.scanner.history_after,
             lease_ttl=self.settings.worker.lease_ttl,
         )
         return Scanner(options, parent=os.getpid()).run

@@ -90,9 +90,7 @@ class Worker:
         self.lease_sent = 0.0
         self.name = ""
         # The names this worker leases for itself, on every lease it takes on its own.
-        self.workflows = (
-            tuple(registry) if options.own_workflows is None else options.own_workflows
-        )
+        self.workflows = tuple(registry) if options.own_workflows is None else options.own_workflows
         self.own_until = 0.0  # leasing on its own until then, though dispatch is on
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
