@@ -114,7 +114,7 @@ def test_retention_drops_whole_partitions_once_past_it(env) -> None:
     env.run_until_complete(run)
     assert move(env, retention=600, at=timedelta(minutes=2)) == 1
     (part,) = env.conn.execute("SELECT lo, hi FROM cyclone_history_partitions").fetchall()
-    # The span is an eighth of the retention, at least a minute.
+    # The span is an eighth of the retention, at least ten seconds.
     assert part["hi"] - part["lo"] == timedelta(seconds=75)
     drop = engine.sweep_history_drop
     assert drop(env.conn, retention=600, now=env.now() + timedelta(minutes=5)) == 0

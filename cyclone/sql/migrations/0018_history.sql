@@ -104,12 +104,13 @@ CREATE TABLE cyclone_history_mark (
 );
 INSERT INTO cyclone_history_mark DEFAULT VALUES;
 
--- The width of a partition for a retention: an eighth of it, between a minute and a day, so
--- that retention keeps about nine partitions and drops one at a time. 0 (keep forever): a day.
+-- The width of a partition for a retention: an eighth of it, between ten seconds and a day, so
+-- that history holds at most a ninth more than the retention, in about nine partitions, and
+-- retention drops one at a time. 0 (keep forever): a day.
 CREATE FUNCTION cyclone_history_span(retention float8) RETURNS float8
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN coalesce(retention, 0) <= 0 THEN 86400
-                ELSE least(greatest(retention / 8, 60), 86400) END
+                ELSE least(greatest(retention / 8, 10), 86400) END
 $$;
 
 DO $migration$
