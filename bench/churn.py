@@ -20,6 +20,7 @@ the first retention period, completions/s within 10% from the first window to th
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import threading
@@ -139,6 +140,8 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--dsn", default=None)
     args = parser.parse_args()
+    # A SIGTERM ends the run as ^C does: the supervisor stopped, the schema dropped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sweep_period = 1.0  # [scanner] interval: the history sweep runs every pass
     with TestEnv(dsn=args.dsn or server_dsn()) as env, tempfile.TemporaryDirectory() as tmp:
         env.register(bench_1step)
