@@ -105,20 +105,20 @@ def test_a_lease_waits_for_no_move(before_history: str):
     """A batch being moved holds locks on ended runs only: a lease of a live step goes on."""
     with psycopg.connect(before_history, autocommit=True) as conn:
         migrate(conn)
-    with psycopg.connect(before_history, row_factory=psycopg.rows.dict_row) as mover:
-        with mover.transaction():
-            mover.execute("SELECT cyclone_history_move(10, 86400, 2000, NULL)")
-            done = threading.Event()
+    mover = psycopg.connect(before_history, row_factory=psycopg.rows.dict_row)
+    with mover, mover.transaction():
+        mover.execute("SELECT cyclone_history_move(10, 86400, 2000, NULL)")
+        done = threading.Event()
 
-            def lease() -> None:
-                with psycopg.connect(
-                    before_history, autocommit=True, row_factory=psycopg.rows.dict_row
-                ) as worker:
-                    worker.execute("SET lock_timeout = '2s'")
-                    assert engine.lease_step(worker, worker="w", lease_ttl=30) is not None
-                done.set()
+        def lease() -> None:
+            with psycopg.connect(
+                before_history, autocommit=True, row_factory=psycopg.rows.dict_row
+            ) as worker:
+                worker.execute("SET lock_timeout = '2s'")
+                assert engine.lease_step(worker, worker="w", lease_ttl=30) is not None
+            done.set()
 
-            thread = threading.Thread(target=lease)
-            thread.start()
-            thread.join(10)
-            assert done.is_set()
+        thread = threading.Thread(target=lease)
+        thread.start()
+        thread.join(10)
+        assert done.is_set()
