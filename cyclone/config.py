@@ -192,6 +192,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("database", "url", STR, None, DSN,
             "PostgreSQL URL. Leave unset to start the embedded PostgreSQL (one-VM demos only). "
             f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
+    Setting("database", "read_url", STR, None, DSN,
+            "PostgreSQL URL of a read replica (a streaming standby) for what only reads: "
+            "`cyclone runs/run/steps/dlq list/status/workers/workflows`, and the metrics' "
+            "database gauges. Unset: the primary (url). Reads there may lag the primary; "
+            "`cyclone status` shows by how much."),
     Setting("database", "migrate", BOOL, True, None,
             "Apply pending schema migrations at start-up (under an advisory lock)."),
     Setting("database", "embedded_dir", STR, None, None,
@@ -277,14 +282,16 @@ def _default(section: str, key: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
     url: str | None = _default("database", "url")
+    read_url: str | None = _default("database", "read_url")
     migrate: bool = _default("database", "migrate")
     embedded_dir: str | None = _default("database", "embedded_dir")
     prepared_statements: bool = _default("database", "prepared_statements")
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
+        read_url = None if self.read_url is None else redact_dsn(self.read_url)
         return (
-            f"DatabaseConfig(url={url!r}, migrate={self.migrate!r}, "
+            f"DatabaseConfig(url={url!r}, read_url={read_url!r}, migrate={self.migrate!r}, "
             f"embedded_dir={self.embedded_dir!r}, "
             f"prepared_statements={self.prepared_statements!r})"
         )
@@ -491,8 +498,9 @@ def load_config(
 def settings_as_dict(settings: Settings) -> dict[str, dict[str, Any]]:
     """The settings as plain JSON-ready data, by section, with the database password redacted."""
     out = asdict(settings)
-    if out["database"]["url"] is not None:
-        out["database"]["url"] = redact_dsn(out["database"]["url"])
+    for key in ("url", "read_url"):
+        if out["database"][key] is not None:
+            out["database"][key] = redact_dsn(out["database"][key])
     out["workflows"]["modules"] = list(out["workflows"]["modules"])
     return out
 
@@ -510,6 +518,7 @@ _EXAMPLE_HEADER = f"""\
 # What the example shows, commented out, for the settings that are unset by default.
 _EXAMPLES = {
     "url": EXAMPLE_DATABASE_URL,
+    "read_url": "postgresql://cyclone_readonly:PASSWORD@db-replica.internal:5432/cyclone",
     "embedded_dir": "/var/lib/cyclone/pgdata",
     "max_memory": "2G",
 }

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--dsn", metavar="URL", default=argparse.SUPPRESS,
         help="a PostgreSQL URL; other users see it in ps: prefer CYCLONE_DATABASE_URL",
     )  # fmt: skip
+    where.add_argument(
+        "--read-dsn", metavar="URL", default=argparse.SUPPRESS,
+        help="a read replica's URL for commands that only read (else [database] read_url)",
+    )  # fmt: skip
     listing = argparse.ArgumentParser(add_help=False)
     listing.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
@@ -86,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         given.get("config"),
         given.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS),
         start_embedded=given.get("start_embedded", False),
+        # Commands that only read may go to a replica; `run --wait` listens, which a standby
+        # cannot.
+        read_dsn=given.get("read_dsn"),
+        reads=bool(given.get("reads")) and not given.get("wait"),
     )
     try:
         return args.run(session, args)

@@ -38,7 +38,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--limit", type=limit_arg, default=1000, help=f"at most this many (max {MAX_LIMIT})"
     )
-    p.set_defaults(run=list_dead)
+    p.set_defaults(run=list_dead, reads=True)
 
     p = dsub.add_parser(
         "retry",
@@ -65,7 +65,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         ),
     )
     p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID", help="the step's id")
-    p.set_defaults(run=attempts)
+    p.set_defaults(run=attempts, reads=True)
 
 
 def list_dead(session: Session, args: argparse.Namespace) -> int:

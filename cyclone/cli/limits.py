@@ -21,7 +21,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="concurrency and rate limits in force, and their use now",
     )  # fmt: skip
     p.add_argument("--limit", type=limit_arg, default=50, help="most rows per table (default 50)")
-    p.set_defaults(run=limits)
+    p.set_defaults(run=limits, reads=True)
 
 
 def limits(session: Session, args: argparse.Namespace) -> int:

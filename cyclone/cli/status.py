@@ -42,10 +42,10 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=positive_duration_arg, default=1.0, help="refresh, e.g. 2s")
-    p.set_defaults(run=status, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+    p.set_defaults(run=status, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS, reads=True)
 
     p = sub.add_parser("workers", parents=common, help="supervisors and what their workers hold")
-    p.set_defaults(run=workers, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+    p.set_defaults(run=workers, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS, reads=True)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "paused": {"total": snap.paused_total, "runs": snap.paused},
         "unserved": snap.unserved,
         "schedules": snap.schedules,
+        "replica_lag": snap.replica_lag,
     }
 
 

@@ -208,6 +208,15 @@ SELECT id, workflow, paused_at, deadline_at,
  ORDER BY paused_at
  LIMIT %(limit)s;
 
+-- name: replica_lag
+-- On a streaming standby ([database] read_url): how many seconds of the primary's commits it
+-- has yet to show, 0 once it replayed all it received. NULL on a primary. (The time since the
+-- last replayed commit alone grows while the primary is idle, behind on nothing.)
+SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0
+            ELSE greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)
+       END::float8 AS lag;
+
 -- name: status_begin
 -- The first statement of a snapshot's transaction: every section sees the same moment.
 SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY;

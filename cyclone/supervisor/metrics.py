@@ -65,7 +65,11 @@ LEASES_RECLAIMED_BY = tuple(s.name for s in SWEEPS if s.leases_reclaimed)
 class Metrics:
     """The arbiter's observer: turns what happens to children into Prometheus series."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]] | None = None,
+        primary: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.children: dict[int, WorkerHandle] = {}
         self._labelled: dict[tuple[Any, ...], Any] = {}  # labelled children, see _child
@@ -106,7 +110,7 @@ class Metrics:
             self.kills.labels(str(reason))
         r.register(_LiveCollector(self))
         if connect is not None:
-            r.register(DatabaseGauges(connect))
+            r.register(DatabaseGauges(connect, primary=primary))
 
     def watch(self, children: dict[int, WorkerHandle]) -> None:
         self.children = children

@@ -128,6 +128,17 @@ class ChildBuilder:
 
 
 class Supervisor:
+    @staticmethod
+    def _metrics(dsn: str, read_url: str | None) -> Metrics:
+        """The metrics, their database gauges read on the read replica when there is one."""
+
+        def primary() -> psycopg.Connection[Any]:
+            return connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS)
+
+        if read_url is None:
+            return Metrics(primary)
+        return Metrics(lambda: connect_briefly(read_url, METRICS_STATEMENT_TIMEOUT_MS), primary)
+
     def __init__(
         self,
         settings: Settings,
@@ -150,7 +161,7 @@ class Supervisor:
         self.listener = Listener(dsn)
         self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
         self.next_listen_at = 0.0
-        self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))
+        self.metrics = self._metrics(dsn, settings.database.read_url)
         self.metrics_server: MetricsServer | None = None
         self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
         self.notifier = Notifier()
