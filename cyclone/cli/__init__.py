@@ -51,10 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--dsn", metavar="URL", default=argparse.SUPPRESS,
         help="a PostgreSQL URL; other users see it in ps: prefer CYCLONE_DATABASE_URL",
     )  # fmt: skip
-    where.add_argument(
-        "--read-dsn", metavar="URL", default=argparse.SUPPRESS,
-        help="a read replica's URL for commands that only read (else [database] read_url)",
-    )  # fmt: skip
     listing = argparse.ArgumentParser(add_help=False)
     listing.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print JSON"

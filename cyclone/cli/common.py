@@ -7,6 +7,7 @@ TERM=dumb. Every message that could show a DSN goes through `redact`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -83,6 +84,16 @@ class SessionClient(Client):
     @contextmanager
     def connection(self, conn: Any = None) -> Iterator[Any]:
         yield self._session
+
+
+def reads_replica(parser: argparse.ArgumentParser) -> None:
+    """A command that only reads: it takes --read-dsn, and goes to the read replica (that,
+    else [database] read_url) when there is one."""
+    parser.add_argument(
+        "--read-dsn", metavar="URL", default=argparse.SUPPRESS,
+        help="a read replica's URL (else the config's [database] read_url; else the primary)",
+    )  # fmt: skip
+    parser.set_defaults(reads=True)
 
 
 class Session:

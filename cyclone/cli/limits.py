@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cyclone.cli.common import OK, Session, console, emit_json, limit_arg, note_hidden
+from cyclone.cli.common import (
+    OK,
+    Session,
+    console,
+    emit_json,
+    limit_arg,
+    note_hidden,
+    reads_replica,
+)
 from cyclone.display import Column, print_listing
 from cyclone.sql import QUERIES
 
@@ -21,7 +29,8 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="concurrency and rate limits in force, and their use now",
     )  # fmt: skip
     p.add_argument("--limit", type=limit_arg, default=50, help="most rows per table (default 50)")
-    p.set_defaults(run=limits, reads=True)
+    p.set_defaults(run=limits)
+    reads_replica(p)
 
 
 def limits(session: Session, args: argparse.Namespace) -> int:

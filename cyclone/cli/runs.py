@@ -20,6 +20,7 @@ from cyclone.cli.common import (
     message,
     note_hidden,
     priority_arg,
+    reads_replica,
     run_id_arg,
     text_arg,
     to_jsonable,
@@ -58,7 +59,8 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--limit", type=limit_arg, default=50, help=f"at most this many (max {MAX_LIMIT})"
     )
-    p.set_defaults(run=list_runs, reads=True)
+    p.set_defaults(run=list_runs)
+    reads_replica(p)
 
     p = sub.add_parser("run", parents=common, help="one run's state, error and output")
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
@@ -70,7 +72,8 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--timeout", type=duration_arg, help="with --wait: give up after this long, e.g. 30s"
     )
-    p.set_defaults(run=show_run, reads=True)  # --wait: the primary
+    p.set_defaults(run=show_run)
+    reads_replica(p)  # not with --wait: LISTEN needs the primary
 
     p = sub.add_parser(
         "steps",
@@ -87,7 +90,8 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--state", choices=[s.value for s in StepState], help="only steps in this state")
     p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
     p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
-    p.set_defaults(run=show_steps, reads=True)
+    p.set_defaults(run=show_steps)
+    reads_replica(p)
 
     for verb, help_text in (
         ("cancel", "cancel a run and its child runs; its handlers are killed"),
