@@ -247,6 +247,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scanner", "retention", DURATION, 7 * 86400.0, None,
             "Finished runs older than this are deleted; 0 keeps them. A runtime role that "
             "does not own the schema keeps at least the last day's (migration 15)."),
+    Setting("scanner", "archive_dir", STR, None, None,
+            "Before retention drops a partition of history, write it to this directory as JSON "
+            "lines (cyclone-history-<start>.jsonl: a line per run, its steps and attempts "
+            "nested). Unset: dropped unarchived. A partition whose archive fails is kept."),
+    Setting("scanner", "archive_command", STR, None, None,
+            "Instead of archive_dir: a shell command that reads the JSON lines on its standard "
+            "input (CYCLONE_ARCHIVE_FROM and CYCLONE_ARCHIVE_TO give the partition's range) and "
+            "exits 0, e.g. \"gzip > /backup/cyclone-$CYCLONE_ARCHIVE_FROM.jsonl.gz\"."),
     Setting("scanner", "history_after", DURATION, 30.0, None,
             "Finished runs move out of the hot tables into history, partitioned by time, this "
             "long after they end; retention then drops history a partition at a time. 0 keeps "
@@ -328,6 +336,8 @@ class ScannerConfig:
     interval: float = _default("scanner", "interval")
     batch_size: int = _default("scanner", "batch_size")
     retention: float = _default("scanner", "retention")
+    archive_dir: str | None = _default("scanner", "archive_dir")
+    archive_command: str | None = _default("scanner", "archive_command")
     history_after: float = _default("scanner", "history_after")
 
 
@@ -521,6 +531,8 @@ _EXAMPLES = {
     "read_url": "postgresql://cyclone_readonly:PASSWORD@db-replica.internal:5432/cyclone",
     "embedded_dir": "/var/lib/cyclone/pgdata",
     "max_memory": "2G",
+    "archive_dir": "/var/lib/cyclone/archive",
+    "archive_command": "gzip > /backup/cyclone-$CYCLONE_ARCHIVE_FROM.jsonl.gz",
 }
 
 

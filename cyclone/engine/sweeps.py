@@ -28,6 +28,7 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -37,6 +38,7 @@ import psycopg
 
 from cyclone.db import retrying
 from cyclone.engine.advance import RunRef, node_completed
+from cyclone.engine.archive import Archive, ArchiveFailed, archiver
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.runs import cancel_runs, fail_run, lock_run, notify_revoked, settle_late
 from cyclone.engine.schedules import sweep_schedules
@@ -44,6 +46,7 @@ from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
 Conn = psycopg.Connection[Any]
+log = logging.getLogger(__name__)
 DEFAULT_BATCH = 500
 # What retention deletes row by row (failed and keyed runs, and all runs while history is off)
 # is looked for every few seconds, and deleted while batches come back full for up to
@@ -207,15 +210,23 @@ def sweep_history_drop(
     retention: float,
     batch_size: int = DEFAULT_BATCH,
     now: datetime | None = None,
-    archive: Callable[[Conn, datetime, datetime], None] | None = None,
+    archive: Archive | None = None,
+    archive_dir: str | None = None,
+    archive_command: str | None = None,
 ) -> int:
-    """Drop the history partitions all past `retention` (after `archive(conn, lo, hi)` has
-    written each one out, when given); returns how many were dropped. One that readers hold
-    for over a second is left for the next pass."""
+    """Drop the history partitions all past `retention`, oldest first, after `archive(conn,
+    lo, hi)` (else the one `archive_dir` or `archive_command` names, cyclone.engine.archive)
+    wrote each one out; returns how many were dropped. One that readers hold for over a
+    second, or whose archive failed (logged), is kept for the next pass."""
+    archive = archive or archiver(archive_dir, archive_command)
     dropped = 0
     for lo, hi in history_droppable(conn, retention=retention, now=now)[:batch_size]:
         if archive is not None:
-            archive(conn, lo, hi)
+            try:
+                archive(conn, lo, hi)
+            except ArchiveFailed as exc:
+                log.error("history_drop: %s", exc, extra={"action": "sweep"})
+                break
         try:
             with conn.transaction():
                 row = conn.execute(
@@ -296,14 +307,14 @@ class Sweep:
         *,
         batch_size: int = DEFAULT_BATCH,
         now: datetime | None = None,
-        settings: Mapping[str, float] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> int:
         """One batch: `run` with the setting it takes, if any."""
         extra = {self.setting: (settings or {})[self.setting]} if self.setting else {}
         extra.update({k: (settings or {})[k] for k in self.takes if k in (settings or {})})
         return self.run(conn, batch_size=batch_size, now=now, **extra)
 
-    def enabled(self, settings: Mapping[str, float] | None = None) -> bool:
+    def enabled(self, settings: Mapping[str, Any] | None = None) -> bool:
         return self.setting is None or (settings or {}).get(self.setting, 0) > 0
 
 
@@ -324,11 +335,17 @@ SWEEPS = (
     Sweep("schedules", sweep_schedules),
     # Ended runs leave after everything that ends runs, so a pass moves what it just ended.
     Sweep("history", sweep_history, setting="history_after", takes=("retention",), budget=BUDGET),
-    Sweep("history_drop", sweep_history_drop, every=HISTORY_DROP_EVERY, setting="retention"),
+    Sweep(
+        "history_drop",
+        sweep_history_drop,
+        every=HISTORY_DROP_EVERY,
+        setting="retention",
+        takes=("archive_dir", "archive_command"),
+    ),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention", budget=BUDGET),
 )
 
 
-def enabled_sweeps(settings: Mapping[str, float] | None = None) -> list[Sweep]:
+def enabled_sweeps(settings: Mapping[str, Any] | None = None) -> list[Sweep]:
     """The sweeps a pass runs, in order, given the scanner's settings (`retention`)."""
     return [s for s in SWEEPS if s.enabled(settings)]

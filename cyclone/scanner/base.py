@@ -34,7 +34,7 @@ class Sweeper:
     """One registered sweep as the scanner runs it, safe beside any number of other scanners."""
 
     def __init__(
-        self, sweep: Sweep, *, batch_size: int, settings: Mapping[str, float] | None = None
+        self, sweep: Sweep, *, batch_size: int, settings: Mapping[str, Any] | None = None
     ) -> None:
         self.sweep = sweep
         self.name = sweep.name  # the label of its count on the `scanned` line

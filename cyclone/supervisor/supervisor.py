@@ -122,6 +122,8 @@ class ChildBuilder:
             batch_size=self.settings.scanner.batch_size,
             retention=self.settings.scanner.retention,
             history_after=self.settings.scanner.history_after,
+            archive_dir=self.settings.scanner.archive_dir,
+            archive_command=self.settings.scanner.archive_command,
             lease_ttl=self.settings.worker.lease_ttl,
         )
         return Scanner(options, parent=os.getpid()).run

@@ -3,6 +3,7 @@ by time, every read of a run finds them there, and retention drops partitions wh
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -146,6 +147,31 @@ def test_an_archive_sees_each_partition_before_it_is_dropped(env) -> None:
     later = env.now() + timedelta(hours=1)
     assert engine.sweep_history_drop(env.conn, retention=600, now=later, archive=archive) == 1
     assert seen == [[run]]
+
+
+def test_a_partition_whose_archive_fails_is_kept(env, tmp_path) -> None:
+    run = env.client.submit(tasks, {})
+    env.run_until_complete(run)
+    assert move(env, retention=600, at=timedelta(minutes=2)) == 1
+    later = env.now() + timedelta(hours=1)
+    drop = engine.sweep_history_drop
+    assert drop(env.conn, retention=600, now=later, archive_dir=str(tmp_path / "missing")) == 0
+    assert count(env, "cyclone_history_runs") == 1 and list(tmp_path.iterdir()) == []
+
+
+def test_an_archive_directory_gets_one_file_per_partition(env, tmp_path) -> None:
+    run = env.client.submit(tasks, {})
+    env.run_until_complete(run)
+    assert move(env, retention=600, at=timedelta(minutes=2)) == 1
+    later = env.now() + timedelta(hours=1)
+    assert (
+        engine.sweep_history_drop(env.conn, retention=600, now=later, archive_dir=str(tmp_path))
+        == 1
+    )
+    (written,) = tmp_path.iterdir()
+    assert written.name.startswith("cyclone-history-") and written.suffix == ".jsonl"
+    (line,) = written.read_text().splitlines()
+    assert json.loads(line)["run"]["output"] == {"one": {"n": 1}}
 
 
 def test_runs_past_the_retention_are_not_moved_but_left_to_retention(env) -> None:
