@@ -189,8 +189,11 @@ def sweep_history(
     partitioned history, making its partitions as needed; returns how many top-level runs."""
     params = {"tail": history_after, "retention": retention, "batch_size": batch_size,
               "now": now}  # fmt: skip
-    with conn.transaction():
-        return int(conn.execute(QUERIES["sweep_history"], params).fetchone()["moved"])
+    try:
+        with conn.transaction():
+            return int(conn.execute(QUERIES["sweep_history"], params).fetchone()["moved"])
+    except psycopg.errors.LockNotAvailable:
+        return 0  # a partition to make, and readers of history in the way: next pass
 
 
 def history_droppable(
@@ -214,11 +217,17 @@ def sweep_history_drop(
     archive_dir: str | None = None,
     archive_command: str | None = None,
 ) -> int:
-    """Drop the history partitions all past `retention`, oldest first, after `archive(conn,
-    lo, hi)` (else the one `archive_dir` or `archive_command` names, cyclone.engine.archive)
-    wrote each one out; returns how many were dropped. One that readers hold for over a
-    second, or whose archive failed (logged), is kept for the next pass."""
+    """Make the partitions of the next two spans ahead, then drop the history partitions all
+    past `retention`, oldest first, after `archive(conn, lo, hi)` (else the one `archive_dir`
+    or `archive_command` names, cyclone.engine.archive) wrote each one out; returns how many
+    were dropped. One that readers hold for over 100 ms, or whose archive failed (logged), is
+    kept for the next pass."""
     archive = archive or archiver(archive_dir, archive_command)
+    try:
+        with conn.transaction():
+            conn.execute(QUERIES["history_ahead"], {"retention": retention, "now": now})
+    except psycopg.errors.LockNotAvailable:
+        pass  # a reader held history: the moves make what they need
     dropped = 0
     for lo, hi in history_droppable(conn, retention=retention, now=now)[:batch_size]:
         if archive is not None:

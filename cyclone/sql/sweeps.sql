@@ -152,6 +152,13 @@ SELECT cyclone_delete_finished(%(retention)s, %(batch_size)s, %(now)s::timestamp
 SELECT cyclone_history_move(%(tail)s, %(retention)s, %(batch_size)s, %(now)s::timestamptz)
        AS moved;
 
+-- name: history_ahead
+-- The partitions for the next two spans, made ahead of the moves that will fill them.
+SELECT cyclone_history_ensure(%(retention)s, coalesce(%(now)s::timestamptz, now()),
+                              coalesce(%(now)s::timestamptz, now())
+                              + make_interval(secs => 2 * cyclone_history_span(%(retention)s)))
+       AS made;
+
 -- name: history_droppable
 -- The partitions of history whose every run ended before the retention, oldest first (the
 -- bookkeeping table holds a row per partition: a few dozen at most).

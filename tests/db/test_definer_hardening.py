@@ -83,7 +83,7 @@ def test_every_security_definer_function_searches_its_schema_then_pg_temp_only(e
         "cyclone_history_move",
     ]
     # Settings that change how the body is planned or waits, nothing it resolves names by.
-    harmless = {"enable_hashjoin=off", "enable_mergejoin=off", "lock_timeout=1s"}
+    harmless = {"enable_hashjoin=off", "enable_mergejoin=off", "lock_timeout=100ms"}
     for row in rows:
         # pg_temp listed, and last: not listed, it is searched first for relations.
         assert row["proconfig"][0] == f"search_path={env.schema}, pg_temp", row["proname"]

@@ -117,11 +117,15 @@ DO $migration$
 BEGIN
 EXECUTE format($fn$
 -- Make the partitions that hold ends from `from_at` to `to_at` (aligned on the span from the
--- epoch), around any that exist (a retention changed since). Returns how many it made.
+-- epoch), around any that exist (a retention changed since). Returns how many it made. The
+-- history_drop sweep makes the next ones ahead, in a transaction of their own, so that a move
+-- seldom makes one (making one locks history's tables, readers included, to its commit). A
+-- caller that is not the owner makes none past two spans from now, nor before the retention.
 CREATE FUNCTION %1$I.cyclone_history_ensure(retention float8, from_at timestamptz,
                                             to_at timestamptz)
 RETURNS integer LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = %1$I, pg_temp
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     span float8 := %1$I.cyclone_history_span(retention);
@@ -132,6 +136,13 @@ DECLARE
     suffix text;
     t text;
 BEGIN
+    IF NOT pg_catalog.pg_has_role(session_user, current_user, 'MEMBER') THEN
+        to_at := least(to_at, pg_catalog.now() + pg_catalog.make_interval(secs => 2 * span));
+        IF coalesce(retention, 0) > 0 THEN
+            from_at := greatest(from_at, pg_catalog.now() - pg_catalog.make_interval(
+                secs => greatest(retention, 86400) + span));
+        END IF;
+    END IF;
     slot := pg_catalog.floor(extract(epoch FROM from_at) / span) * span;
     WHILE pg_catalog.to_timestamp(slot) <= to_at LOOP
         a := pg_catalog.to_timestamp(slot);
@@ -251,12 +262,13 @@ $$;
 
 -- Drop the partition that starts at `lo` if all of it is past the retention (for a caller that
 -- is not the owner: past a day at least, on the server's clock, as for
--- cyclone_delete_finished). Returns whether it dropped it. It waits at most a second for the
--- readers of history, then gives up until the next pass.
+-- cyclone_delete_finished). Returns whether it dropped it. It waits at most 100 ms for the
+-- readers of history (while it waits, new readers queue behind it), then gives up until the
+-- next pass.
 CREATE FUNCTION %1$I.cyclone_history_drop(retention float8, at timestamptz, part_lo timestamptz)
 RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = %1$I, pg_temp
-SET lock_timeout = '1s'
+SET lock_timeout = '100ms'
 AS $$
 DECLARE
     cutoff timestamptz;
