@@ -75,6 +75,15 @@ SELECT coalesce(n_dead_tup, 0) AS dead, coalesce(autovacuum_count, 0) AS autovac
 # Runs not yet ended (what was submitted and is not among them ended: retention drops ended
 # runs, so they cannot be counted where they are kept).
 LIVE = "SELECT count(*) AS n FROM cyclone_runs WHERE state IN ('running', 'queued', 'paused')"
+RELATIONS = """
+SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes
+  FROM pg_class c
+ WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'i')
+   AND (c.relname IN ('cyclone_runs', 'cyclone_steps')
+        OR c.oid IN (SELECT indexrelid FROM pg_index
+                      WHERE indrelid IN ('cyclone_runs'::regclass, 'cyclone_steps'::regclass)))
+ ORDER BY bytes DESC
+"""
 OLDEST_DUE = "SELECT extract(epoch FROM now() - cyclone_oldest_due(now()))::float8 AS wait"
 
 
@@ -210,6 +219,9 @@ def main() -> int:
                       f"{mib(late[what])} MiB at the end, ratio "
                       f"{late[what] / max(early[what], 1):.2f}")  # fmt: skip
         print(f"oldest due step's wait, most: {max(w['oldest_due'] for w in windows):.2f}s")
+        print("the hot tables' relations at the end (MiB):")
+        for rel in env.conn.execute(RELATIONS).fetchall():
+            print(f"  {rel['name']:40s} {rel['bytes'] / 2**20:8.2f}")
     return 0
 
 

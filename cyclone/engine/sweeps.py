@@ -216,18 +216,21 @@ def sweep_history_drop(
     archive: Archive | None = None,
     archive_dir: str | None = None,
     archive_command: str | None = None,
+    history_after: float = 0.0,
 ) -> int:
-    """Make the partitions of the next two spans ahead, then drop the history partitions all
-    past `retention`, oldest first, after `archive(conn, lo, hi)` (else the one `archive_dir`
-    or `archive_command` names, cyclone.engine.archive) wrote each one out; returns how many
-    were dropped. One that readers hold for over 100 ms, or whose archive failed (logged), is
-    kept for the next pass."""
+    """Make the partitions of the next two spans ahead (while history is on: `history_after`
+    > 0), then drop the history partitions all past `retention`, oldest first, after
+    `archive(conn, lo, hi)` (else the one `archive_dir` or `archive_command` names,
+    cyclone.engine.archive) wrote each one out; returns how many were dropped. One that
+    readers hold for over 100 ms, or whose archive failed (logged), is kept for the next
+    pass."""
     archive = archive or archiver(archive_dir, archive_command)
-    try:
-        with conn.transaction():
-            conn.execute(QUERIES["history_ahead"], {"retention": retention, "now": now})
-    except psycopg.errors.LockNotAvailable:
-        pass  # a reader held history: the moves make what they need
+    if history_after > 0:  # else nothing moves: partitions are only dropped
+        try:
+            with conn.transaction():
+                conn.execute(QUERIES["history_ahead"], {"retention": retention, "now": now})
+        except psycopg.errors.LockNotAvailable:
+            pass  # a reader held history: the moves make what they need
     dropped = 0
     for lo, hi in history_droppable(conn, retention=retention, now=now)[:batch_size]:
         if archive is not None:
@@ -349,7 +352,7 @@ SWEEPS = (
         sweep_history_drop,
         every=HISTORY_DROP_EVERY,
         setting="retention",
-        takes=("archive_dir", "archive_command"),
+        takes=("archive_dir", "archive_command", "history_after"),
     ),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention", budget=BUDGET),
 )

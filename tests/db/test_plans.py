@@ -325,6 +325,9 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_max_wait": lambda b: {"batch_size": 500, "now": None},
     "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
+    # History (migration 18): the backlog's ended runs are younger than history_after.
+    "sweep_history": lambda b: {"tail": 30.0, "retention": 86400.0, "batch_size": 500, "now": None},
+    "history_droppable": lambda b: {"retention": 86400.0, "now": None},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
     # What an operator reads during an incident.
