@@ -106,7 +106,11 @@ def server_cpu(pgdata: str | None) -> float:
     """CPU seconds (user + system) of the server's postmaster and its live children."""
     if pgdata is None:
         return 0.0
-    pid = int(Path(pgdata, "postmaster.pid").read_text().split()[0])
+    return tree_cpu(int(Path(pgdata, "postmaster.pid").read_text().split()[0]))
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live children."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     total = 0
     for p in [pid, *map(int, children)]:
@@ -169,7 +173,7 @@ def measure(
         watch = VacuumWatch(env.dsn)
         watch.start()
         sup = Supervisor(env.dsn, Path(tmp), CONFIG.format(workers=workers))
-        wal0, cpu0 = one(env, WAL)["lsn"], server_cpu(pgdata)
+        wal0, cpu0, sup0 = one(env, WAL)["lsn"], server_cpu(pgdata), tree_cpu(sup.popen.pid)
         t0 = time.monotonic()
         # The window, or less if the backlog drains first (a small one does).
         while (took := time.monotonic() - t0) < window:
@@ -178,10 +182,13 @@ def measure(
             time.sleep(0.1)
         done = one(env, DONE)["n"]
         cpu = server_cpu(pgdata) - cpu0
+        workers_cpu = tree_cpu(sup.popen.pid) - sup0
         wal = env.conn.execute(WAL_BYTES, (one(env, WAL)["lsn"], wal0)).fetchone()["bytes"]
+        # Stopped first: its sessions flush their statistics as they end.
+        sup.stop()
+        time.sleep(1.5)
         after, vac_after = one(env, STATIO), one(env, VACUUMS)
         lease_late = lease_buffers(env)
-        sup.stop()
         watch.stop.set()
         watch.join()
         delta = {k: int(after[k] or 0) - int(before[k] or 0) for k in after}
@@ -198,6 +205,7 @@ def measure(
             "autoanalyzes": vac_after["analyzes"] - vac_before["analyzes"],
             "vacuum_busy_s": watch.busy,
             "wal_per_step": wal / max(1, done), "server_cpu_s": cpu,
+            "supervisor_cpu_s": workers_cpu, "took_s": took,
             "steps_per_core_s": done / cpu if cpu else None,
         }  # fmt: skip
 
@@ -231,8 +239,9 @@ def main() -> int:
               f"on these tables {r['vacuum_busy_s']:.1f}s of the window")  # fmt: skip
         per_core = r["steps_per_core_s"]
         print(
-            f"  WAL {r['wal_per_step']:,.0f} bytes a step; server CPU {r['server_cpu_s']:.1f}s"
-            + (f", {per_core:,.0f} steps per PostgreSQL core-second" if per_core else "")
+            f"  WAL {r['wal_per_step']:,.0f} bytes a step; over {r['took_s']:.1f}s, server CPU "
+            f"{r['server_cpu_s']:.1f}s, supervisor and workers {r['supervisor_cpu_s']:.1f}s"
+            + (f"; {per_core:,.0f} steps per PostgreSQL core-second" if per_core else "")
         )
     if len(results) > 1:
         print(f"\nratio of steps/s, {results[-1]['size']:,} to {results[0]['size']:,}: "
