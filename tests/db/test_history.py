@@ -119,7 +119,8 @@ def test_retention_drops_whole_partitions_once_past_it(env) -> None:
     assert part["hi"] - part["lo"] == timedelta(seconds=75)
     drop = engine.sweep_history_drop
     assert drop(env.conn, retention=600, now=env.now() + timedelta(minutes=5)) == 0
-    assert drop(env.conn, retention=600, now=part["hi"] + timedelta(seconds=601)) == 1
+    gone = part["hi"] + timedelta(seconds=601)
+    assert drop(env.conn, retention=600, now=gone, history_after=60) == 1
     assert count(env, "cyclone_history_runs") == 0
     with pytest.raises(cyclone.RunNotFound):
         env.client.get_run(run)
