@@ -33,34 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from churn import CONFIG
 from launch import Supervisor
 from runtime import bench_1step
 
 from cyclone.client import Client
 from cyclone.testing import TestEnv, server_dsn
 
-CONFIG = """
-[database]
-migrate = false
-[supervisor]
-workers = {workers}
-kill_grace = "200ms"
-max_steps_per_worker = 0
-[worker]
-lease_ttl = "30s"
-heartbeat_interval = "5s"
-poll_interval = "100ms"
-[scanner]
-interval = "1s"
-retention = "0"
-history_after = "0"
-[metrics]
-port = 0
-[workflows]
-modules = ["runtime"]
-[logging]
-level = "warning"
-"""
+# The churn's supervisor, with history and retention off: nothing leaves the tables.
+
 
 TABLES = ("cyclone_runs", "cyclone_steps")
 SIZES = """
@@ -172,7 +153,9 @@ def measure(
         before, vac_before = one(env, STATIO), one(env, VACUUMS)
         watch = VacuumWatch(env.dsn)
         watch.start()
-        sup = Supervisor(env.dsn, Path(tmp), CONFIG.format(workers=workers))
+        sup = Supervisor(
+            env.dsn, Path(tmp), CONFIG.format(workers=workers, retention=0, history_after=0)
+        )
         wal0, cpu0, sup0 = one(env, WAL)["lsn"], server_cpu(pgdata), tree_cpu(sup.popen.pid)
         t0 = time.monotonic()
         # The window, or less if the backlog drains first (a small one does).
