@@ -82,10 +82,14 @@ def _coerce_queues(value: Any) -> tuple[tuple[str, int | None], ...]:
 
 
 def _good_queues(pairs: tuple[tuple[str, int | None], ...]) -> bool:
-    return bool(pairs) and all(
-        name and name == name.strip() and len(name) <= 100 and (cap is None or cap >= 1)
-        for name, cap in pairs
-    ) and len({name for name, _ in pairs}) == len(pairs)
+    return (
+        bool(pairs)
+        and all(
+            name and name == name.strip() and len(name) <= 100 and (cap is None or cap >= 1)
+            for name, cap in pairs
+        )
+        and len({name for name, _ in pairs}) == len(pairs)
+    )
 
 
 def _is_dsn(url: str) -> bool:
@@ -136,10 +140,11 @@ DURATION = ValueType(
 )
 MODULES = ValueType("a list of module names", _coerce_modules, lambda v: json.dumps(list(v)))
 QUEUES = ValueType(
-    'a list of queue names, or a table of queue = most workers, like { default = 4, emails = 2 }',
+    "a list of queue names, or a table of queue = most workers, like { default = 4, emails = 2 }",
     _coerce_queues,
-    lambda v: json.dumps({name: cap for name, cap in v} if any(c for _, c in v)
-                         else [name for name, _ in v]),
+    lambda v: json.dumps(
+        {name: cap for name, cap in v} if any(c for _, c in v) else [name for name, _ in v]
+    ),
 )
 QUEUE_NAMES = Check(
     "queue names of 1 to 100 characters (each once), with caps >= 1, like "
@@ -206,6 +211,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("database", "url", STR, None, DSN,
             "PostgreSQL URL. Leave unset to start the embedded PostgreSQL (one-VM demos only). "
             f"{ENV_DATABASE_URL} overrides it; prefer that to keep the password out of this file."),
+    Setting("database", "read_url", STR, None, DSN,
+            "PostgreSQL URL of a read replica (a streaming standby) for what only reads: "
+            "`cyclone runs/run/steps/dlq list/status/workers/workflows`, and the metrics' "
+            "database gauges. Unset: the primary (url). Reads there may lag the primary; "
+            "`cyclone status` shows by how much."),
     Setting("database", "listen_url", STR, None, DSN,
             "A URL straight to PostgreSQL for LISTEN alone, when url goes through a "
             "transaction-mode pooler (which cannot deliver notifications): cancels, ready "
@@ -266,6 +276,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("scanner", "retention", DURATION, 7 * 86400.0, None,
             "Finished runs older than this are deleted; 0 keeps them. A runtime role that "
             "does not own the schema keeps at least the last day's (migration 15)."),
+    Setting("scanner", "archive_dir", STR, None, None,
+            "Before retention drops a partition of history, write it to this directory as JSON "
+            "lines (cyclone-history-<start>.jsonl: a line per run, its steps and attempts "
+            "nested). Unset: dropped unarchived. A partition whose archive fails is kept."),
+    Setting("scanner", "archive_command", STR, None, None,
+            "Instead of archive_dir: a shell command that reads the JSON lines on its standard "
+            "input (CYCLONE_ARCHIVE_FROM and CYCLONE_ARCHIVE_TO give the partition's range) and "
+            "exits 0, e.g. \"gzip > /backup/cyclone-$CYCLONE_ARCHIVE_FROM.jsonl.gz\"."),
+    Setting("scanner", "history_after", DURATION, 30.0, None,
+            "Finished runs move out of the hot tables into history, partitioned by time, this "
+            "long after they end; retention then drops history a partition at a time. 0 keeps "
+            "them in the hot tables until retention deletes them (docs/scaling.md)."),
     Setting("metrics", "enabled", BOOL, True, None, "Serve Prometheus metrics."),
     Setting("metrics", "bind", STR, "127.0.0.1", None,
             "Address to listen on; metrics are not authenticated, so keep it private."),
@@ -311,6 +333,7 @@ def _default(section: str, key: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class DatabaseConfig:
     url: str | None = _default("database", "url")
+    read_url: str | None = _default("database", "read_url")
     listen_url: str | None = _default("database", "listen_url")
     migrate: bool = _default("database", "migrate")
     embedded_dir: str | None = _default("database", "embedded_dir")
@@ -318,9 +341,11 @@ class DatabaseConfig:
 
     def __repr__(self) -> str:  # settings get logged; the password must not be
         url = None if self.url is None else redact_dsn(self.url)
+        read_url = None if self.read_url is None else redact_dsn(self.read_url)
         listen = None if self.listen_url is None else redact_dsn(self.listen_url)
         return (
-            f"DatabaseConfig(url={url!r}, listen_url={listen!r}, migrate={self.migrate!r}, "
+            f"DatabaseConfig(url={url!r}, read_url={read_url!r}, listen_url={listen!r}, "
+            f"migrate={self.migrate!r}, "
             f"embedded_dir={self.embedded_dir!r}, "
             f"prepared_statements={self.prepared_statements!r})"
         )
@@ -358,6 +383,9 @@ class ScannerConfig:
     interval: float = _default("scanner", "interval")
     batch_size: int = _default("scanner", "batch_size")
     retention: float = _default("scanner", "retention")
+    archive_dir: str | None = _default("scanner", "archive_dir")
+    archive_command: str | None = _default("scanner", "archive_command")
+    history_after: float = _default("scanner", "history_after")
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,8 +590,9 @@ def load_config(
 def settings_as_dict(settings: Settings) -> dict[str, dict[str, Any]]:
     """The settings as plain JSON-ready data, by section, with the database password redacted."""
     out = asdict(settings)
-    if out["database"]["url"] is not None:
-        out["database"]["url"] = redact_dsn(out["database"]["url"])
+    for key in ("url", "read_url"):
+        if out["database"][key] is not None:
+            out["database"][key] = redact_dsn(out["database"][key])
     out["workflows"]["modules"] = list(out["workflows"]["modules"])
     if out["console"]["token"] is not None:
         out["console"]["token"] = "<set>"
@@ -583,9 +612,12 @@ _EXAMPLE_HEADER = f"""\
 # What the example shows, commented out, for the settings that are unset by default.
 _EXAMPLES = {
     "url": EXAMPLE_DATABASE_URL,
+    "read_url": "postgresql://cyclone_readonly:PASSWORD@db-replica.internal:5432/cyclone",
     "listen_url": "postgresql://cyclone@db-primary.internal:5432/cyclone",
     "embedded_dir": "/var/lib/cyclone/pgdata",
     "max_memory": "2G",
+    "archive_dir": "/var/lib/cyclone/archive",
+    "archive_command": "gzip > /backup/cyclone-$CYCLONE_ARCHIVE_FROM.jsonl.gz",
     "token": "a-long-random-string",
     "trace_url": "https://jaeger.internal/trace/{trace_id}",
 }

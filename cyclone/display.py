@@ -134,9 +134,7 @@ def print_listing(out: Any, columns: Sequence[Column], rows: Sequence[Sequence[A
         return Shown("empty", out.width)  # no header over nothing: the caller says "none"
     empty = {i for i, c in enumerate(columns) if c.hide_empty and all(r[i] is None for r in rows)}
     every, columns = columns, [c for i, c in enumerate(columns) if i not in empty]
-    texts = [
-        [every[i].show(cell(v)) for i, v in enumerate(row) if i not in empty] for row in rows
-    ]
+    texts = [[every[i].show(cell(v)) for i, v in enumerate(row) if i not in empty] for row in rows]
     shown = list(range(len(columns)))
     widths = [_width(c.name, (r[i] for r in texts), c.first_line) for i, c in enumerate(columns)]
     spare = sorted((i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop)

@@ -119,9 +119,7 @@ def private_dir(path: Path) -> Path:
     elif info.st_mode & 0o022:
         problem = f"other users may write to it (mode {stat.S_IMODE(info.st_mode):04o})"
     if problem is not None:
-        raise ConfigError(
-            f"refusing to use {path}: {problem}; remove it, or set CYCLONE_TEST_DSN"
-        )
+        raise ConfigError(f"refusing to use {path}: {problem}; remove it, or set CYCLONE_TEST_DSN")
     return path
 
 

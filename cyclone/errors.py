@@ -63,6 +63,7 @@ class LeaseLost(CycloneError):
     attempt's effects written through it are rolled back, never committed.
     """
 
+
 class RunFailed(CycloneError):
     """`result()` of a run that failed: `error_kind` and `error` say why (a dead step's)."""
 

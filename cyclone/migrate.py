@@ -76,8 +76,8 @@ def _lock(conn: psycopg.Connection[Any], timeout: float) -> None:
     row = conn.execute(
         QUERIES["migration_lock_timeout"], {"timeout": f"{max(0, int(timeout * 1000))}ms"}
     ).fetchone()
-    previous, schema = (row[0], row[1]) if isinstance(row, tuple) else (
-        row["previous"], row["schema"]
+    previous, schema = (
+        (row[0], row[1]) if isinstance(row, tuple) else (row["previous"], row["schema"])
     )
     try:
         conn.execute(QUERIES["migration_lock"])

@@ -122,7 +122,8 @@ def execute(
                 return Outcome.failed(
                     f"map {lease.node!r} gave {len(value)} items, more than its max_items "
                     f"({cap}): raise max_items on the node, or split the work",
-                    retry=False, kind=ErrorKind.TOO_MANY_ITEMS,
+                    retry=False,
+                    kind=ErrorKind.TOO_MANY_ITEMS,
                 )
         elif lease.kind == NodeKind.CHILD:
             value = _child_input(node, ctx)

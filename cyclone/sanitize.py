@@ -66,8 +66,7 @@ class SafeRecords(logging.Filter):
         if record.exc_text:
             # Lines of a traceback keep their breaks; what they quote is cleaned line by line.
             record.exc_text = "\n".join(
-                printable(redact_secrets(line, self.dsn))
-                for line in record.exc_text.split("\n")
+                printable(redact_secrets(line, self.dsn)) for line in record.exc_text.split("\n")
             )
             record.exc_info = None  # the formatter shows exc_text as it is now
         if record.stack_info:

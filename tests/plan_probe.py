@@ -63,9 +63,11 @@ def probe(conn: Any, name: str, params: dict[str, Any], mode: str) -> Probe:
     text, names = numbered(QUERIES[name])
     args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
     statement = sql.Identifier(f"plan_probe_{next(_COUNTER)}")
-    call = sql.SQL("EXECUTE {} ({})").format(statement, args) if names else sql.SQL(
-        "EXECUTE {}"
-    ).format(statement)
+    call = (
+        sql.SQL("EXECUTE {} ({})").format(statement, args)
+        if names
+        else sql.SQL("EXECUTE {}").format(statement)
+    )
     with conn.transaction(force_rollback=True):
         conn.execute(f"SET LOCAL plan_cache_mode = force_{mode}_plan")
         conn.execute(sql.SQL("PREPARE {} AS {}").format(statement, sql.SQL(text)))  # type: ignore[arg-type]

@@ -58,4 +58,3 @@ def check_statement_timeout(conn: psycopg.Connection[Any], wanted_ms: int) -> bo
         got, wanted_ms, extra={"action": "connect"},
     )  # fmt: skip
     return False
-

@@ -89,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         given.get("config"),
         given.get("statement_timeout_ms", STATEMENT_TIMEOUT_MS),
         start_embedded=given.get("start_embedded", False),
+        # Commands that only read may go to a replica; `run --wait` listens, which a standby
+        # cannot.
+        read_dsn=given.get("read_dsn"),
+        reads=bool(given.get("reads")) and not given.get("wait"),
     )
     try:
         return args.run(session, args)

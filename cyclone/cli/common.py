@@ -7,6 +7,7 @@ TERM=dumb. Every message that could show a DSN goes through `redact`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -90,6 +91,16 @@ class SessionClient(Client):
         yield self._session
 
 
+def reads_replica(parser: argparse.ArgumentParser) -> None:
+    """A command that only reads: it takes --read-dsn, and goes to the read replica (that,
+    else [database] read_url) when there is one."""
+    parser.add_argument(
+        "--read-dsn", metavar="URL", default=argparse.SUPPRESS,
+        help="a read replica's URL (else the config's [database] read_url; else the primary)",
+    )  # fmt: skip
+    parser.set_defaults(reads=True)
+
+
 class Session:
     """The command's database: the DSN resolved once, one connection opened on first use."""
 
@@ -99,8 +110,13 @@ class Session:
         config: str | None,
         statement_timeout_ms: int = STATEMENT_TIMEOUT_MS,
         start_embedded: bool = False,
+        read_dsn: str | None = None,
+        reads: bool = False,
     ) -> None:
         self._dsn_arg = dsn
+        self._read_dsn_arg = read_dsn
+        # A command that only reads: it goes to the read replica when one is given.
+        self.reads = reads
         self._config = config
         self.statement_timeout_ms = statement_timeout_ms
         # Only commands that set the database up (migrate, embedded start) may create or start
@@ -120,6 +136,29 @@ class Session:
         return self._dsn
 
     def _resolve(self) -> str:
+        if self.reads:
+            replica = self._read_replica()
+            if replica is not None:
+                return replica
+        return self._resolve_primary()
+
+    def _read_replica(self) -> str | None:
+        # --read-dsn, else the config's database.read_url; none: the primary.
+        if self._read_dsn_arg is not None:
+            dsn, origin = self._read_dsn_arg, "--read-dsn"
+        elif self._config is not None:
+            dsn, origin = load_config(self._config).database.read_url, self._config
+        else:
+            return None
+        if dsn is None:
+            return None
+        try:
+            check_dsn(dsn)
+        except ConfigError as exc:
+            raise CliError(USAGE, f"{origin}: {exc}") from None
+        return dsn
+
+    def _resolve_primary(self) -> str:
         # --dsn, else the config's database.url (which CYCLONE_DATABASE_URL overrides, as it
         # does for the supervisor reading the same file), else CYCLONE_DATABASE_URL, else the
         # embedded server.

@@ -18,6 +18,7 @@ from cyclone.cli.common import (
     message,
     note_hidden,
     positive_duration_arg,
+    reads_replica,
     step_id_arg,
     text_arg,
     workflow_known,
@@ -44,6 +45,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         "--limit", type=limit_arg, default=1000, help=f"at most this many (max {MAX_LIMIT})"
     )
     p.set_defaults(run=list_dead)
+    reads_replica(p)
 
     p = dsub.add_parser(
         "retry",
@@ -71,6 +73,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("step_id", type=step_id_arg, metavar="STEP_ID", help="the step's id")
     p.set_defaults(run=attempts)
+    reads_replica(p)
 
 
 def list_dead(session: Session, args: argparse.Namespace) -> int:

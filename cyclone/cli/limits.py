@@ -10,7 +10,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from cyclone.cli.common import OK, Session, console, emit_json, limit_arg, note_hidden
+from cyclone.cli.common import (
+    OK,
+    Session,
+    console,
+    emit_json,
+    limit_arg,
+    note_hidden,
+    reads_replica,
+)
 from cyclone.display import Column, print_listing
 from cyclone.sql import QUERIES
 
@@ -22,6 +30,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     )  # fmt: skip
     p.add_argument("--limit", type=limit_arg, default=50, help="most rows per table (default 50)")
     p.set_defaults(run=limits)
+    reads_replica(p)
 
 
 def limits(session: Session, args: argparse.Namespace) -> int:

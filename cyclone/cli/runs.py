@@ -22,6 +22,7 @@ from cyclone.cli.common import (
     message,
     note_hidden,
     priority_arg,
+    reads_replica,
     run_id_arg,
     text_arg,
     to_jsonable,
@@ -68,6 +69,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         "--limit", type=limit_arg, default=50, help=f"at most this many (max {MAX_LIMIT})"
     )
     p.set_defaults(run=list_runs)
+    reads_replica(p)
 
     p = sub.add_parser("run", parents=common, help="one run's state, error and output")
     p.add_argument("run_id", type=run_id_arg, metavar="RUN_ID", help="the run's id (a UUID)")
@@ -81,6 +83,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
         help="with --wait: give up after this long, e.g. 30s; exit 124 if it is still going",
     )  # fmt: skip
     p.set_defaults(run=show_run)
+    reads_replica(p)  # not with --wait: LISTEN needs the primary
 
     p = sub.add_parser(
         "steps",
@@ -101,6 +104,7 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--limit", type=limit_arg, help=f"at most this many (max {MAX_LIMIT})")
     p.add_argument("--summary", action="store_true", help="counts by node and state, any size")
     p.set_defaults(run=show_steps)
+    reads_replica(p)
 
     for verb, help_text in (
         ("cancel", "cancel a run and its child runs; its handlers are killed"),
@@ -215,6 +219,7 @@ def show_run(session: Session, args: argparse.Namespace) -> int:
             "kept, unheard (a mistyped name?)"
         )
     return status
+
 
 def _wait(client: Client, run_id: str, timeout: float | None) -> RunStatus | None:
     try:

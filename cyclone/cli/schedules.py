@@ -20,6 +20,7 @@ from cyclone.cli.common import (
     limit_arg,
     message,
     note_hidden,
+    reads_replica,
     text_arg,
 )
 from cyclone.display import Column, print_listing, records, seconds, when
@@ -37,9 +38,7 @@ def time_arg(value: str) -> datetime:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 time: {printable(value)}") from None
     if moment.tzinfo is None:
-        raise argparse.ArgumentTypeError(
-            f"give the time's zone (Z or +01:00): {printable(value)}"
-        )
+        raise argparse.ArgumentTypeError(f"give the time's zone (Z or +01:00): {printable(value)}")
     return moment
 
 
@@ -50,10 +49,12 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p = ssub.add_parser("list", parents=common, help="every schedule, its next tick and counts")
     p.add_argument("--limit", type=limit_arg, default=1000, help="at most this many")
     p.set_defaults(run=list_command)
+    reads_replica(p)
 
     p = ssub.add_parser("show", parents=common, help="one schedule, with its next ticks")
     p.add_argument("name", type=text_arg, metavar="NAME", help="the schedule's name")
     p.set_defaults(run=show)
+    reads_replica(p)
 
     for verb, help_text in (
         ("pause", "no tick starts a run until resumed"),

@@ -18,6 +18,7 @@ from cyclone.cli.common import (
     message,
     note_hidden,
     positive_duration_arg,
+    reads_replica,
     redact,
 )
 from cyclone.display import Column, print_listing, seconds
@@ -43,9 +44,11 @@ def add_commands(sub: Any, common: list[argparse.ArgumentParser]) -> None:
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=positive_duration_arg, default=1.0, help="refresh, e.g. 2s")
     p.set_defaults(run=status, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+    reads_replica(p)
 
     p = sub.add_parser("workers", parents=common, help="supervisors and what their workers hold")
     p.set_defaults(run=workers, statement_timeout_ms=STATUS_STATEMENT_TIMEOUT_MS)
+    reads_replica(p)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -62,6 +65,7 @@ def snapshot_json(snap: Snapshot) -> dict[str, Any]:
         "paused": {"total": snap.paused_total, "runs": snap.paused},
         "unserved": snap.unserved,
         "schedules": snap.schedules,
+        "replica_lag": snap.replica_lag,
     }
 
 

@@ -225,7 +225,6 @@ class AsyncClient(Calls):
         """The run's output once it completed; RunFailed or RunCancelled if it did not."""
         return outcome(await self.wait(run_id, timeout))
 
-
     # -- schedules (docs/schedules.md; see Client for each) ---
 
     async def schedule(

@@ -212,7 +212,6 @@ class Client(Calls):
                 self._watcher = ThreadWatcher(self.dsn, listen=self._listen)
             return self._watcher
 
-
     # -- schedules (docs/schedules.md) ---
 
     def schedule(

@@ -21,11 +21,16 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
                                                           policy; missed past its catch-up window
     unserved           available step of a run whose   -> parked (`waiting`), out of the lease
                        graph no live VM serves            index; available again once served
-    retention          finished run past retention     -> deleted (when `scanner.retention` > 0)
+    history            finished run past history_after -> moved to the partitioned history
+                                                          (when `scanner.history_after` > 0)
+    history_drop       history partition past retention-> archived (`scanner.archive`), dropped
+    retention          finished run past retention     -> deleted (when `scanner.retention` > 0):
+                                                          failed and keyed runs, which stay hot
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +40,7 @@ import psycopg
 
 from cyclone.db import retrying
 from cyclone.engine.advance import RunRef, fail_run, node_completed
+from cyclone.engine.archive import Archive, ArchiveFailed, archiver
 from cyclone.engine.graphs import graph_by_hash
 from cyclone.engine.runs import cancel_runs, lock_run, notify_revoked, settle_late
 from cyclone.engine.schedules import sweep_schedules
@@ -42,9 +48,18 @@ from cyclone.sql import QUERIES
 from cyclone.states import DEADLINE_ERROR, STALE_AFTER, ErrorKind
 
 Conn = psycopg.Connection[Any]
+log = logging.getLogger(__name__)
 DEFAULT_BATCH = 500
-# Old runs pile up slowly, so once a minute is enough however short the scanner interval is.
-RETENTION_EVERY = 60.0
+# What retention deletes row by row (failed and keyed runs, and all runs while history is off)
+# is looked for every few seconds, and deleted while batches come back full for up to
+# BUDGET seconds a pass: no fixed cap per minute that a faster engine could outrun.
+RETENTION_EVERY = 5.0
+# The most a pass spends in one sweep that loops while it is behind (moving, deleting): the
+# sweeps after it (leases, deadlines) wait for it, so it yields, and goes on next pass.
+BUDGET = 2.0
+# History partitions are a span of at least a minute (cyclone_history_span): a look every
+# ten seconds drops each within seconds of its end passing the retention.
+HISTORY_DROP_EVERY = 10.0
 # Parking reads every live run: every few seconds is enough (a parked step waits for a VM).
 UNSERVED_EVERY = 2.0
 # A supervisor seen this recently is live (as `cyclone status` says; supervisor/served.py).
@@ -167,6 +182,80 @@ def sweep_retention(
         return int(row["deleted"])
 
 
+def sweep_history(
+    conn: Conn,
+    *,
+    history_after: float,
+    retention: float = 0.0,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+) -> int:
+    """Move finished top-level runs (completed or cancelled, no idempotency key) that ended
+    more than `history_after` seconds ago, with their child runs, steps and attempts, into the
+    partitioned history, making its partitions as needed; returns how many top-level runs."""
+    params = {"tail": history_after, "retention": retention, "batch_size": batch_size,
+              "now": now}  # fmt: skip
+    try:
+        with conn.transaction():
+            return int(conn.execute(QUERIES["sweep_history"], params).fetchone()["moved"])
+    except psycopg.errors.LockNotAvailable:
+        return 0  # a partition to make, and readers of history in the way: next pass
+
+
+def history_droppable(
+    conn: Conn, *, retention: float, now: datetime | None = None
+) -> list[tuple[datetime, datetime]]:
+    """The history partitions all past `retention`, oldest first: (lo, hi) each."""
+    with conn.transaction():
+        rows = conn.execute(
+            QUERIES["history_droppable"], {"retention": retention, "now": now}
+        ).fetchall()
+    return [(r["lo"], r["hi"]) for r in rows]
+
+
+def sweep_history_drop(
+    conn: Conn,
+    *,
+    retention: float,
+    batch_size: int = DEFAULT_BATCH,
+    now: datetime | None = None,
+    archive: Archive | None = None,
+    archive_dir: str | None = None,
+    archive_command: str | None = None,
+    history_after: float = 0.0,
+) -> int:
+    """Make the partitions of the next two spans ahead (while history is on: `history_after`
+    > 0), then drop the history partitions all past `retention`, oldest first, after
+    `archive(conn, lo, hi)` (else the one `archive_dir` or `archive_command` names,
+    cyclone.engine.archive) wrote each one out; returns how many were dropped. One that
+    readers hold for over 100 ms, or whose archive failed (logged), is kept for the next
+    pass."""
+    archive = archive or archiver(archive_dir, archive_command)
+    if history_after > 0:  # else nothing moves: partitions are only dropped
+        try:
+            with conn.transaction():
+                conn.execute(QUERIES["history_ahead"], {"retention": retention, "now": now})
+        except psycopg.errors.LockNotAvailable:
+            pass  # a reader held history: the moves make what they need
+    dropped = 0
+    for lo, hi in history_droppable(conn, retention=retention, now=now)[:batch_size]:
+        if archive is not None:
+            try:
+                archive(conn, lo, hi)
+            except ArchiveFailed as exc:
+                log.error("history_drop: %s", exc, extra={"action": "sweep"})
+                break
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    QUERIES["sweep_history_drop"], {"retention": retention, "now": now, "lo": lo}
+                ).fetchone()
+        except psycopg.errors.LockNotAvailable:
+            break
+        dropped += bool(row["dropped"])
+    return dropped
+
+
 def sweep_stale_supervisors(
     conn: Conn,
     *,
@@ -250,6 +339,9 @@ class Sweep:
 
     def describe(self, n: int) -> str:
         return self.said.format(n=n) if self.said else f"{self.name}: {n}"
+    # Seconds a pass may spend batching it while batches come back full (None: the scanner's
+    # MAX_BATCHES, with pauses between them for the rows' other users).
+    budget: float | None = None
 
     def batch(
         self,
@@ -257,14 +349,14 @@ class Sweep:
         *,
         batch_size: int = DEFAULT_BATCH,
         now: datetime | None = None,
-        settings: Mapping[str, float] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> int:
         """One batch: `run` with the setting it takes, if any."""
         extra = {self.setting: (settings or {})[self.setting]} if self.setting else {}
         extra.update({k: (settings or {})[k] for k in self.takes if k in (settings or {})})
         return self.run(conn, batch_size=batch_size, now=now, **extra)
 
-    def enabled(self, settings: Mapping[str, float] | None = None) -> bool:
+    def enabled(self, settings: Mapping[str, Any] | None = None) -> bool:
         return self.setting is None or (settings or {}).get(self.setting, 0) > 0
 
 
@@ -292,11 +384,17 @@ SWEEPS = (
     Sweep("fair_clock", sweep_fair_clock, said="moved {n} queue clock(s)"),
     # Ticks start runs: after the sweeps that end runs, so an overlap policy sees them ended.
     Sweep("schedules", sweep_schedules, timely=True, said="handled {n} schedule tick(s)"),
+    # Ended runs leave after everything that ends runs, so a pass moves what it just ended.
+    Sweep("history", sweep_history, setting="history_after", takes=("retention",), budget=BUDGET,
+          said="moved {n} finished run(s) to the history"),
+    Sweep("history_drop", sweep_history_drop, every=HISTORY_DROP_EVERY, setting="retention",
+          takes=("archive_dir", "archive_command", "history_after"),
+          said="dropped {n} history partition(s) past retention"),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention",
-          said="deleted {n} finished run(s) past retention"),
+          budget=BUDGET, said="deleted {n} finished run(s) past retention"),
 )  # fmt: skip
 
 
-def enabled_sweeps(settings: Mapping[str, float] | None = None) -> list[Sweep]:
+def enabled_sweeps(settings: Mapping[str, Any] | None = None) -> list[Sweep]:
     """The sweeps a pass runs, in order, given the scanner's settings (`retention`)."""
     return [s for s in SWEEPS if s.enabled(settings)]

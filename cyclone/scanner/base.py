@@ -34,7 +34,7 @@ class Sweeper:
     """One registered sweep as the scanner runs it, safe beside any number of other scanners."""
 
     def __init__(
-        self, sweep: Sweep, *, batch_size: int, settings: Mapping[str, float] | None = None
+        self, sweep: Sweep, *, batch_size: int, settings: Mapping[str, Any] | None = None
     ) -> None:
         self.sweep = sweep
         self.name = sweep.name  # the label of its count on the `scanned` line
@@ -52,12 +52,23 @@ class Sweeper:
 
     def run(self, conn: Conn, pause: Callable[[float], None] = time.sleep) -> int:
         """Batches until one comes back short; logs only when something happened."""
-        self.last_run = time.monotonic()
+        self.last_run = started = time.monotonic()
+        budget = self.sweep.budget
         total = 0
-        for _ in range(MAX_BATCHES):
+        batches = 0
+        while True:
             changed = self.run_once(conn)
             total += changed
+            batches += 1
             if changed < self.batch_size:
+                break
+            if budget is not None:
+                # Behind: keep going, without pauses (its rows are ended runs, which no worker
+                # wants), until the pass's budget is spent; the next pass goes on.
+                if time.monotonic() - started >= budget:
+                    break
+                continue
+            if batches >= MAX_BATCHES:
                 break
             pause(random.uniform(*BATCH_PAUSE))
         if total:

@@ -57,6 +57,11 @@ class ScannerOptions:
     interval: float
     batch_size: int
     retention: float  # seconds; 0 or less keeps finished runs forever
+    # Seconds after their end that finished runs move to history; 0 or less: they stay hot.
+    history_after: float = 0.0
+    # Where history goes before retention drops it (cyclone/engine/archive.py); None: nowhere.
+    archive_dir: str | None = None
+    archive_command: str | None = None
     # No statement may hold its locks longer than this: a stuck sweep fails and runs again.
     statement_timeout: float = 30.0
     # The workers' lease_ttl: a lease that lapsed before the server had been up this long
@@ -71,7 +76,10 @@ class ScannerOptions:
 def make_sweeps(options: ScannerOptions) -> list[Sweeper]:
     """The registry's sweeps (`cyclone.engine.sweeps.SWEEPS`) that these options enable, in
     its order: a retention of 0 or less keeps finished runs forever."""
-    settings = {"retention": options.retention}
+    settings: dict[str, Any] = {
+        "retention": options.retention, "history_after": options.history_after,
+        "archive_dir": options.archive_dir, "archive_command": options.archive_command,
+    }  # fmt: skip
     if options.lease_ttl is not None:
         settings["outage_grace"] = options.lease_ttl
     return [

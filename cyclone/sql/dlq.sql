@@ -69,6 +69,10 @@ RETURNING s.id, s.node, s.kind, s.signal, s.state, s.item_index;
 
 -- name: step_attempts
 -- A step's failed, killed and dead-lettered attempts, oldest first (cyclone_step_attempts).
-SELECT attempt, error_kind, error, worker, started_at, ended_at
+-- A step's attempts are all in one place, hot or in history.
+SELECT id, attempt, error_kind, error, worker, started_at, ended_at
   FROM cyclone_step_attempts WHERE step_id = %(step_id)s
+ UNION ALL
+SELECT id, attempt, error_kind, error, worker, started_at, ended_at
+  FROM cyclone_history_attempts WHERE step_id = %(step_id)s
  ORDER BY id;

@@ -39,6 +39,13 @@ GRANT SELECT ON {schema}.cyclone_migrations, {schema}.cyclone_v_runs, {schema}.c
 GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {schema} TO {runtime};
 GRANT EXECUTE ON FUNCTION {schema}.cyclone_delete_finished(float8, integer, timestamptz)
       TO {runtime};
+-- History (migration 18): read by the run and step lookups; moved and dropped only through
+-- its functions, which run as their owner.
+GRANT SELECT ON {schema}.cyclone_history_runs, {schema}.cyclone_history_steps,
+      {schema}.cyclone_history_attempts, {schema}.cyclone_history_partitions TO {runtime};
+GRANT EXECUTE ON FUNCTION {schema}.cyclone_history_move(float8, float8, integer, timestamptz),
+      {schema}.cyclone_history_drop(float8, timestamptz, timestamptz),
+      {schema}.cyclone_history_ensure(float8, timestamptz, timestamptz) TO {runtime};
 -- Listings, `cyclone status`, metrics: read only, tables added later included.
 GRANT USAGE ON SCHEMA {schema} TO {readonly};
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {readonly};

@@ -148,9 +148,24 @@ SELECT id, workflow, state, input, output, parent_run_id, created_at, deadline_a
          WHERE s.run_id = r.id AND s.state = 'dead'
          ORDER BY s.completed_at, s.id LIMIT 1) AS failure
 
+-- name: _history_run_status
+-- The same, of a run r of history (migration 18).
+SELECT id, workflow, state, input, output, parent_run_id, created_at, deadline_at, paused_at,
+       finished_at,
+       (SELECT jsonb_build_object('error_kind', s.error_kind, 'error', s.error)
+          FROM cyclone_history_steps s
+         WHERE s.run_id = r.id AND s.state = 'dead'
+         ORDER BY s.completed_at, s.id LIMIT 1) AS failure
+
 -- name: run_get
+-- A run is in the hot tables or, once the history sweep moved it, in history: one statement,
+-- so it is found in one or the other even while it moves.
 -- include: _run_status
-  FROM cyclone_runs r WHERE id = %(run_id)s;
+  FROM cyclone_runs r WHERE id = %(run_id)s
+ UNION ALL
+-- include: _history_run_status
+  FROM cyclone_history_runs r WHERE id = %(run_id)s
+ LIMIT 1;
 
 -- name: run_complete_if_done
 -- The run completes when every node has a step and every step completed; its output is the
@@ -258,13 +273,21 @@ WITH run AS (
 SELECT id, (SELECT count(*) FROM gates) + (SELECT count(*) FROM retries) AS gates FROM resumed;
 
 -- name: run_steps
+-- A run's steps, hot or in history (a run's steps are all in one place).
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
        s.created_at, s.started_at, s.completed_at, s.item_index
   FROM cyclone_steps s WHERE s.run_id = %(run_id)s
- ORDER BY s.id;
+ UNION ALL
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index
+  FROM cyclone_history_steps s WHERE s.run_id = %(run_id)s
+ ORDER BY id;
 
 -- name: run_exists
-SELECT state FROM cyclone_runs WHERE id = %(run_id)s;
+SELECT state FROM cyclone_runs WHERE id = %(run_id)s
+ UNION ALL
+SELECT state FROM cyclone_history_runs WHERE id = %(run_id)s
+ LIMIT 1;
 
 -- name: run_results
 -- Outputs of the run's completed steps, for ctx.results.

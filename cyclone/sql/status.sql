@@ -4,7 +4,8 @@
 -- statement_timeout.
 
 -- name: run_list
--- Newest runs first; a failed run shows the error kind of its dead step (cyclone_v_runs has
+-- Newest runs first, hot and in history (migration 18): each side's newest %(limit)s, then
+-- the newest of both; a failed run shows the error kind of its dead step (cyclone_v_runs has
 -- none, as docs/sql.md says), looked up for the listed runs only. The optional filters make
 -- a generic plan blind to which apply, so callers run it unprepared (a custom plan each time).
 SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r.deadline_at,
@@ -13,22 +14,42 @@ SELECT r.id, r.workflow, r.state, f.error_kind, r.parent_run_id, r.created_at, r
             WHEN 'running' THEN extract(epoch FROM r.deadline_at - now())
             WHEN 'paused' THEN extract(epoch FROM r.deadline_at - r.paused_at)
        END::float8 AS deadline_left
-  FROM (SELECT * FROM cyclone_runs
-         WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
-           AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  FROM ((SELECT id, workflow, state, parent_run_id, created_at, deadline_at, paused_at,
+                finished_at, false AS moved
+           FROM cyclone_runs
+          WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+          ORDER BY created_at DESC, id DESC
+          LIMIT %(limit)s)
+        UNION ALL
+        (SELECT id, workflow, state, parent_run_id, created_at, deadline_at, paused_at,
+                finished_at, true AS moved
+           FROM cyclone_history_runs
+          WHERE (%(state)s::text IS NULL OR state = %(state)s::text)
+            AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+          ORDER BY created_at DESC, id DESC
+          LIMIT %(limit)s)
          ORDER BY created_at DESC, id DESC
          LIMIT %(limit)s) AS r
-  LEFT JOIN LATERAL (SELECT s.error_kind FROM cyclone_steps s
-                      WHERE s.run_id = r.id AND s.state = 'dead'
-                      ORDER BY s.completed_at, s.id LIMIT 1) AS f ON r.state = 'failed'
+  LEFT JOIN LATERAL (SELECT d.error_kind
+                       FROM (SELECT s.error_kind, s.completed_at, s.id FROM cyclone_steps s
+                              WHERE s.run_id = r.id AND s.state = 'dead'
+                             UNION ALL
+                             SELECT s.error_kind, s.completed_at, s.id
+                               FROM cyclone_history_steps s
+                              WHERE r.moved AND s.run_id = r.id AND s.state = 'dead') AS d
+                      ORDER BY d.completed_at, d.id LIMIT 1) AS f ON r.state = 'failed'
  ORDER BY r.created_at DESC, r.id DESC;
 
 -- name: run_steps_summary
 -- `cyclone steps`: a run's steps counted by node and state, through the index that leads with
--- run_id; cheap however many items a map has, and the total tells whether to list them.
+-- run_id (hot, or history's); cheap however many items a map has, and the total tells whether
+-- to list them.
 SELECT node, kind, state, count(*) AS steps, min(id) AS first_id
-  FROM cyclone_steps
- WHERE run_id = %(run_id)s
+  FROM (SELECT node, kind, state, id FROM cyclone_steps WHERE run_id = %(run_id)s
+        UNION ALL
+        SELECT node, kind, state, id FROM cyclone_history_steps WHERE run_id = %(run_id)s)
+       AS s
  GROUP BY node, kind, state
  ORDER BY first_id;
 
@@ -37,12 +58,23 @@ SELECT node, kind, state, count(*) AS steps, min(id) AS first_id
 -- most %(limit)s of them. `s.id + 0` keeps the planner from walking the primary key in id
 -- order and filtering on run_id: for a big run it does so, and on a big table that walk may
 -- pass millions of other runs' steps (all of them when no step matches the state). Read
--- through the run_id index, the cost is a top-N sort over this run's steps only.
+-- through the run_id index, the cost is a top-N sort over this run's steps only. A run's
+-- steps are all hot or all in history.
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
        s.created_at, s.started_at, s.completed_at, s.item_index, s.child_run_id
-  FROM cyclone_steps s
- WHERE s.run_id = %(run_id)s
-   AND (%(state)s::text IS NULL OR s.state = %(state)s::text)
+  FROM (SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error,
+               s.error_kind, s.created_at, s.started_at, s.completed_at, s.item_index,
+               s.child_run_id
+          FROM cyclone_steps s
+         WHERE s.run_id = %(run_id)s
+           AND (%(state)s::text IS NULL OR s.state = %(state)s::text)
+        UNION ALL
+        SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error,
+               s.error_kind, s.created_at, s.started_at, s.completed_at, s.item_index,
+               s.child_run_id
+          FROM cyclone_history_steps s
+         WHERE s.run_id = %(run_id)s
+           AND (%(state)s::text IS NULL OR s.state = %(state)s::text)) AS s
  ORDER BY s.id + 0
  LIMIT %(limit)s;
 
@@ -181,6 +213,15 @@ SELECT id, workflow, paused_at, deadline_at,
   FROM cyclone_runs WHERE state = 'paused'
  ORDER BY paused_at
  LIMIT %(limit)s;
+
+-- name: replica_lag
+-- On a streaming standby ([database] read_url): how many seconds of the primary's commits it
+-- has yet to show, 0 once it replayed all it received. NULL on a primary. (The time since the
+-- last replayed commit alone grows while the primary is idle, behind on nothing.)
+SELECT CASE WHEN NOT pg_is_in_recovery() THEN NULL
+            WHEN pg_last_wal_receive_lsn() IS NOT DISTINCT FROM pg_last_wal_replay_lsn() THEN 0
+            ELSE greatest(extract(epoch FROM now() - pg_last_xact_replay_timestamp()), 0)
+       END::float8 AS lag;
 
 -- name: status_begin
 -- The first statement of a snapshot's transaction: every section sees the same moment.

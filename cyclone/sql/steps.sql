@@ -434,9 +434,15 @@ UPDATE cyclone_steps
  WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state IN ('available', 'waiting');
 
 -- name: step_get
+-- A step, hot or in history.
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
        s.created_at, s.started_at, s.completed_at, s.item_index
-  FROM cyclone_steps s WHERE s.id = %(step_id)s;
+  FROM cyclone_steps s WHERE s.id = %(step_id)s
+ UNION ALL
+SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,
+       s.created_at, s.started_at, s.completed_at, s.item_index
+  FROM cyclone_history_steps s WHERE s.id = %(step_id)s
+ LIMIT 1;
 
 -- name: dlq_list
 SELECT s.id, s.run_id, s.workflow, s.node, s.kind, s.state, s.attempt, s.error, s.error_kind,

@@ -146,6 +146,54 @@ RETURNING s.id, s.run_id, s.node;
 -- runtime role deletes history only this way. Returns the number of top-level runs deleted.
 SELECT cyclone_delete_finished(%(retention)s, %(batch_size)s, %(now)s::timestamptz) AS deleted;
 
+-- name: sweep_history
+-- History (migration 18): one batch of finished runs moved out of the hot tables. The function
+-- runs with the migrating role's rights (it makes partitions); see its comments in schema.sql.
+SELECT cyclone_history_move(%(tail)s, %(retention)s, %(batch_size)s, %(now)s::timestamptz)
+       AS moved;
+
+-- name: history_ahead
+-- The partitions for the next two spans, made ahead of the moves that will fill them.
+SELECT cyclone_history_ensure(%(retention)s, coalesce(%(now)s::timestamptz, now()),
+                              coalesce(%(now)s::timestamptz, now())
+                              + make_interval(secs => 2 * cyclone_history_span(%(retention)s)))
+       AS made;
+
+-- name: history_droppable
+-- The partitions of history whose every run ended before the retention, oldest first (the
+-- bookkeeping table holds a row per partition: a few dozen at most).
+SELECT lo, hi FROM cyclone_history_partitions
+ WHERE hi <= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention)s)
+ ORDER BY lo;
+
+-- name: history_archive
+-- A partition of history as JSON lines (cyclone/engine/archive.py): a line per run, its steps
+-- nested in it and their attempts in them. CSV with a quote and a delimiter that JSON never
+-- holds raw (it escapes control characters), so each line is the JSON text as it is (COPY's
+-- text format would double its backslashes).
+COPY (
+    SELECT jsonb_build_object(
+               'run', to_jsonb(r) - 'run_ended_at',
+               'steps', (SELECT coalesce(jsonb_agg(
+                                    (to_jsonb(s) - 'run_ended_at')
+                                    || jsonb_build_object('attempts', (
+                                        SELECT coalesce(jsonb_agg(to_jsonb(a) - 'run_ended_at'
+                                                                  ORDER BY a.id), '[]')
+                                          FROM cyclone_history_attempts a
+                                         WHERE a.step_id = s.id
+                                           AND a.run_ended_at = s.run_ended_at))
+                                    ORDER BY s.id), '[]')
+                           FROM cyclone_history_steps s
+                          WHERE s.run_id = r.id AND s.run_ended_at = r.run_ended_at))::text
+      FROM cyclone_history_runs r
+     WHERE r.run_ended_at >= %(lo)s AND r.run_ended_at < %(hi)s
+     ORDER BY r.run_ended_at, r.id
+) TO STDOUT WITH (FORMAT csv, QUOTE E'\x01', DELIMITER E'\x02');
+
+-- name: sweep_history_drop
+-- One of them dropped (all three tables), if it is still there and past the retention.
+SELECT cyclone_history_drop(%(retention)s, %(now)s::timestamptz, %(lo)s) AS dropped;
+
 -- name: sweep_stale_supervisors
 -- Supervisors not seen for `stale_after` seconds died (SIGKILL, host lost): forget them and,
 -- by cascade, their workers. The table holds one row per supervisor, so no index is needed.

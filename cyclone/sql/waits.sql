@@ -27,7 +27,11 @@ SELECT pg_notify('cyclone_run_ended', %(token)s);
 -- waiter woken at once (by notifications, or by a poll).
 -- include: _run_status
   FROM cyclone_runs r
- WHERE id = ANY(%(run_ids)s::uuid[]) AND state IN ('completed', 'failed', 'cancelled');
+ WHERE id = ANY(%(run_ids)s::uuid[]) AND state IN ('completed', 'failed', 'cancelled')
+ UNION ALL
+-- include: _history_run_status
+  FROM cyclone_history_runs r
+ WHERE id = ANY(%(run_ids)s::uuid[]);
 
 -- name: run_pending_signals
 -- The signals a run keeps that no wait consumed yet, by name (`cyclone run` names those that

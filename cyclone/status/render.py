@@ -68,6 +68,8 @@ def _header(snap: Snapshot) -> Text:
     q = snap.queue
     text = Text("cyclone status", style="bold cyan")
     text.append(f"  {when(snap.taken_at)} (database clock)\n")
+    if snap.replica_lag is not None:
+        text.append(f"read from a replica, {seconds(snap.replica_lag)} behind the primary\n")
     text.append(
         # Two lines, so that neither is folded mid-word at 80 columns.
         f"{live} supervisor(s), {busy}/{len(snap.workers)} workers busy\n"

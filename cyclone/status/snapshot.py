@@ -47,6 +47,9 @@ class Snapshot:
     unserved: list[dict[str, Any]] = field(default_factory=list)
     # The next ticks of unpaused schedules, soonest first (docs/schedules.md).
     schedules: list[dict[str, Any]] = field(default_factory=list)
+    # Read from a replica ([database] read_url): how far its replay is behind (seconds; 0
+    # when it has replayed all it received). None: read from the primary.
+    replica_lag: float | None = None
 
     @property
     def dlq_total(self) -> int:
@@ -65,6 +68,7 @@ def take_snapshot(
     queries: dict[str, dict[str, Any]] = {
         "status_begin": {},
         "clock_now": {},
+        "replica_lag": {},
         "status_supervisors": {"limit": MAX_SUPERVISORS},
         "status_workers": {"limit": MAX_WORKERS},
     }
@@ -111,6 +115,7 @@ def take_snapshot(
         paused_total=paused[0]["total"] if paused else 0,
         unserved=got.get("status_unserved", []),
         schedules=got.get("status_schedules", []),
+        replica_lag=got["replica_lag"][0]["lag"],
     )
 
 

@@ -18,6 +18,7 @@ from cyclone.states import ErrorKind
 
 log = logging.getLogger(__name__)
 
+
 class Role(enum.StrEnum):
     WORKER = "worker"
     SCANNER = "scanner"

@@ -51,6 +51,9 @@ AGE_GAUGES = (
      "Age of the oldest open transaction of a client session on the database (0: none)"),
     ("cyclone_db_xid_age", "xid_age",
      "age(datfrozenxid) of the database: transactions since its oldest unfrozen one"),
+    ("cyclone_db_replica_lag_seconds", "replica_lag",
+     "How far behind the primary the read replica the gauges come from is ([database] "
+     "read_url; absent: they come from the primary)"),
 )  # fmt: skip
 
 
@@ -77,10 +80,14 @@ class DatabaseGauges(Collector):
         self,
         connect: Callable[[], psycopg.Connection[Any]],
         *,
+        primary: Callable[[], psycopg.Connection[Any]] | None = None,
         ttl: float = CACHE_TTL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.connect = connect
+        # With a read replica (`connect`), the ages are the primary's: its oldest transaction
+        # is what holds back its VACUUM, and its xids what wrap around.
+        self.primary = primary
         self.ttl = ttl
         self.clock = clock
         self.reading: Reading | None = None
@@ -106,7 +113,12 @@ class DatabaseGauges(Collector):
                     {"cap": MAX_DUE_COUNT, "lost_after": LOST_AFTER, "served": [],
                      "graphs": None, "self_id": None},
                 ).fetchall()
-                ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
+                lag = conn.execute(QUERIES["replica_lag"]).fetchone()["lag"]
+                if self.primary is None:
+                    ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
+            if self.primary is not None:
+                with self.primary() as conn:
+                    ages = conn.execute(QUERIES["metrics_database_age"]).fetchall()
         except psycopg.Error as exc:
             if self.reading is None or self.reading.up:
                 log.warning(
@@ -143,6 +155,8 @@ class DatabaseGauges(Collector):
             target = {"dlq": reading.dlq, "runs": reading.runs}
             target[metric][label] = int(value)
         reading.ages = {row["metric"]: float(row["value"]) for row in ages}
+        if lag is not None:
+            reading.ages["replica_lag"] = float(lag)
         self.reading = reading
         return reading
 

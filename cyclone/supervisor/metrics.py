@@ -72,7 +72,11 @@ LEASES_RECLAIMED_BY = tuple(s.name for s in SWEEPS if s.leases_reclaimed)
 class Metrics:
     """The arbiter's observer: turns what happens to children into Prometheus series."""
 
-    def __init__(self, connect: Callable[[], psycopg.Connection[Any]] | None = None) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], psycopg.Connection[Any]] | None = None,
+        primary: Callable[[], psycopg.Connection[Any]] | None = None,
+    ) -> None:
         # No `*_created` series beside every counter and histogram: a timestamp per label set
         # that no dashboard or alert reads, doubling what each scrape carries.
         disable_created_metrics()
@@ -116,7 +120,7 @@ class Metrics:
             self.kills.labels(str(reason))
         r.register(_LiveCollector(self))
         if connect is not None:
-            r.register(DatabaseGauges(connect))
+            r.register(DatabaseGauges(connect, primary=primary))
 
     def watch(self, children: dict[int, WorkerHandle]) -> None:
         self.children = children
@@ -321,9 +325,7 @@ def _read_head(conn: socket.socket, deadline: float) -> bytes:
         if end >= 0:
             return data[:end].replace(b"\r\n", b"\n")
         if len(data) > MAX_REQUEST_BYTES:
-            raise _Refused(
-                "431 Request Header Fields Too Large", f"over {MAX_REQUEST_BYTES} bytes"
-            )
+            raise _Refused("431 Request Header Fields Too Large", f"over {MAX_REQUEST_BYTES} bytes")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _Refused(None, f"request not read within {REQUEST_DEADLINE:g}s")
@@ -337,9 +339,7 @@ def _read_head(conn: socket.socket, deadline: float) -> bytes:
         data += chunk
 
 
-def _response(
-    status: str, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool
-) -> bytes:
+def _response(status: str, headers: Iterable[tuple[str, str]], body: bytes, *, head: bool) -> bytes:
     lines = [f"HTTP/1.0 {status}"]
     lines += [f"{name}: {value}" for name, value in headers if name.lower() != "content-length"]
     lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]

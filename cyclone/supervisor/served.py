@@ -29,6 +29,7 @@ LOST_AFTER = 10.0
 # A warning names at most this many workflows.
 MAX_NAMED = 10
 
+
 def serving(loaded: Registry, settings: Settings) -> Registry:
     """The workflows this VM's workers lease for: those of the queues it serves ([supervisor]
     queues; unset: every queue). Runs of the others are left to the VMs that serve them, and

@@ -129,6 +129,9 @@ class ChildBuilder:
             interval=self.settings.scanner.interval,
             batch_size=self.settings.scanner.batch_size,
             retention=self.settings.scanner.retention,
+            history_after=self.settings.scanner.history_after,
+            archive_dir=self.settings.scanner.archive_dir,
+            archive_command=self.settings.scanner.archive_command,
             lease_ttl=self.settings.worker.lease_ttl,
             # Not through a transaction pooler: its LISTEN would sit on a borrowed session.
             wake=self.settings.supervisor.wake and (
@@ -141,6 +144,17 @@ class ChildBuilder:
 
 
 class Supervisor:
+    @staticmethod
+    def _metrics(dsn: str, read_url: str | None) -> Metrics:
+        """The metrics, their database gauges read on the read replica when there is one."""
+
+        def primary() -> psycopg.Connection[Any]:
+            return connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS)
+
+        if read_url is None:
+            return Metrics(primary)
+        return Metrics(lambda: connect_briefly(read_url, METRICS_STATEMENT_TIMEOUT_MS), primary)
+
     def __init__(
         self,
         settings: Settings,
@@ -168,7 +182,7 @@ class Supervisor:
         self.listener = Listener(settings.database.listen_url or dsn)
         self.listen_outage = OutageLog(log, "LISTEN for revocations (polling meanwhile)")
         self.next_listen_at = 0.0
-        self.metrics = Metrics(lambda: connect_briefly(dsn, METRICS_STATEMENT_TIMEOUT_MS))
+        self.metrics = self._metrics(dsn, settings.database.read_url)
         self.metrics_server: MetricsServer | None = None
         self.presence = Presence(lambda: connect_briefly(dsn, PRESENCE_STATEMENT_TIMEOUT_MS))
         self.notifier = Notifier()

@@ -148,9 +148,13 @@ def test_batches_of_any_make_drain_every_run_each_step_once(pg_dsn, shapes, seed
             assert result.completed == {f.step_id for f in finished}
             for slot, row in result.leases.items():
                 holding[asking[slot]] = lease_of(row, 30.0)
-            if not holding and env.conn.execute(
-                "SELECT 1 FROM cyclone_runs WHERE state <> 'completed'"
-            ).fetchone() is None:
+            if (
+                not holding
+                and env.conn.execute(
+                    "SELECT 1 FROM cyclone_runs WHERE state <> 'completed'"
+                ).fetchone()
+                is None
+            ):
                 break
         counts = env.conn.execute(
             "SELECT count(*) AS runs, count(*) FILTER (WHERE state = 'completed') AS done"

@@ -219,7 +219,9 @@ def test_a_limited_step_made_by_a_chain_completion_is_held_like_a_root(env: Test
         "SELECT state, held FROM cyclone_steps WHERE node = 'second' ORDER BY id"
     ).fetchall()
     assert [(r["state"], r["held"]) for r in rows] == [
-        ("available", False), ("waiting", True), ("waiting", True)
+        ("available", False),
+        ("waiting", True),
+        ("waiting", True),
     ]
 
 

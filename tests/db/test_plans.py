@@ -239,10 +239,20 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "steps_dispatch": lambda b: {
         **dispatch_params(
             [
-                Finished(b.leases["chain"].step_id, b.leases["chain"].token,
-                         b.leases["chain"].run_id, None, json.loads(_chain_next())),
-                Finished(b.leases["one"].step_id, b.leases["one"].token,
-                         b.leases["one"].run_id, None, last=True),
+                Finished(
+                    b.leases["chain"].step_id,
+                    b.leases["chain"].token,
+                    b.leases["chain"].run_id,
+                    None,
+                    json.loads(_chain_next()),
+                ),
+                Finished(
+                    b.leases["one"].step_id,
+                    b.leases["one"].token,
+                    b.leases["one"].run_id,
+                    None,
+                    last=True,
+                ),
             ],
             ["plans:1", "plans:2", "plans:3"], workflows=(one.name, chain.name),
             lease_ttl=30.0, graphs=(one.graph.hash, chain.graph.hash),
@@ -253,11 +263,13 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "steps_renew": lambda b: {
         "step_ids": [lease.step_id for lease in b.leases.values()],
         "tokens": [lease.token for lease in b.leases.values()],
-        "ttl": 30.0, "now": None,
+        "ttl": 30.0,
+        "now": None,
     },
-    "step_fail": lambda b: _fenced(
-        b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0
-    ) | {"kind": "error"},
+    "step_fail": lambda b: (
+        _fenced(b, kind="one", error="boom", retry=True, backoff_base=1.0, backoff_cap=600.0)
+        | {"kind": "error"}
+    ),
     "step_release": lambda b: _fenced(b),
     "steps_release": lambda b: {
         "step_ids": [lease.step_id for lease in b.leases.values()],
@@ -278,7 +290,10 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "map_item_pending": lambda b: {"run_id": b.big_map, "node": "big_item"},
     "step_nodes_done": lambda b: {"run_id": b.leases["chain"].run_id, "nodes": ["c1", "c2"]},
     "run_complete_if_done": lambda b: {
-        "run_id": b.leases["chain"].run_id, "sinks": ["c2"], "node_count": 2, "now": None
+        "run_id": b.leases["chain"].run_id,
+        "sinks": ["c2"],
+        "node_count": 2,
+        "now": None,
     },
     "step_insert": lambda b: {
         "run_id": b.leases["chain"].run_id,
@@ -290,8 +305,13 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     # runs, its group's last pass), and the admission of a queued run.
     "concurrency_lock": lambda b: {"workflow": keyed.name, "ckeys": ["hot"]},
     "run_submit": lambda b: submit_params(
-        keyed.name, keyed.graph.hash, ["00000000-0000-0000-0000-0000000000aa"], ['{"k":"hot"}'],
-        [keyed.graph.nodes["keyed_step"]], ckeys=["hot"], climit=1,
+        keyed.name,
+        keyed.graph.hash,
+        ["00000000-0000-0000-0000-0000000000aa"],
+        ['{"k":"hot"}'],
+        [keyed.graph.nodes["keyed_step"]],
+        ckeys=["hot"],
+        climit=1,
     ),
     "run_admit": lambda b: {"run_id": b.queued, "now": None},
     # Each pass admits the held steps of the limited node: one node, its slot taken.
@@ -304,6 +324,9 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
     "sweep_max_wait": lambda b: {"batch_size": 500, "now": None},
     "sweep_sleeps": lambda b: {"batch_size": 500, "now": None},
     "sweep_retention": lambda b: {"batch_size": 500, "now": None, "retention": 86400.0},
+    # History (migration 18): the backlog's ended runs are younger than history_after.
+    "sweep_history": lambda b: {"tail": 30.0, "retention": 86400.0, "batch_size": 500, "now": None},
+    "history_droppable": lambda b: {"retention": 86400.0, "now": None},
     "sweep_stale_supervisors": lambda b: {"batch_size": 100, "now": None, "stale_after": 60.0},
     "sweep_schedules": lambda b: {"batch_size": 500, "now": None},
     # Nothing is parked and no supervisor is live: it reads nothing.

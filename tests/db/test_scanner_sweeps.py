@@ -192,7 +192,8 @@ def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
 # the supervisor's metrics and operators' log queries read them, so they never change.
 LABELS = [
     "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
-    "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules", "retention",
+    "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules", "history",
+    "history_drop", "retention",
 ]  # fmt: skip
 
 
@@ -243,5 +244,6 @@ def test_the_scanner_and_testenv_run_the_same_sweeps_in_the_same_order(env, monk
     scanner = Scanner(options, parent=os.getpid())
     scanner.conn, scanner.wakeup = env.conn, SimpleNamespace(wait=lambda _: None)
     counts, ok = scanner.scan_once()
-    assert ok and ran == by_env == LABELS[:-1]  # retention is off in both
-    assert list(counts) == LABELS[:-1] and set(counts.values()) == {0}
+    # History and retention are off in both.
+    assert ok and ran == by_env == LABELS[:-3]
+    assert list(counts) == LABELS[:-3] and set(counts.values()) == {0}

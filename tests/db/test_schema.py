@@ -365,5 +365,3 @@ def test_connect_gives_autocommit_dict_rows(env: TestEnv):
     with connect(env.dsn) as conn:
         assert conn.autocommit
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
-
-

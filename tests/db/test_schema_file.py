@@ -150,7 +150,7 @@ def test_a_freshly_migrated_database_matches_schema_sql_exactly(schemas):
         " LANGUAGE sql STABLE AS $$ SELECT at $$",
         "ALTER TABLE cyclone_runs DISABLE TRIGGER cyclone_runs_ended",
         "DO $$ BEGIN EXECUTE 'CREATE OR REPLACE VIEW cyclone_v_runs AS '"
-        " || rtrim(pg_get_viewdef('cyclone_v_runs'), ';') || ' WHERE r.waited'; END $$",
+        " || rtrim(pg_get_viewdef('cyclone_v_runs'), ';') || ' LIMIT 10'; END $$",
         "ALTER DOMAIN cyclone_node_kind ADD CHECK (VALUE <> 'map')",
         "GRANT EXECUTE ON FUNCTION cyclone_delete_finished(float8, integer, timestamptz) TO PUBLIC",
     ],

@@ -71,7 +71,8 @@ def test_threads_waiting_on_one_client_share_its_listener(env: TestEnv):
         try:
             deadline = time.monotonic() + 10
             while (
-                client._watcher is None or len(client._watcher.watch._waiting) < len(ids)
+                client._watcher is None
+                or len(client._watcher.watch._waiting) < len(ids)
                 or not client._watcher.watch.heard
             ) and time.monotonic() < deadline:
                 time.sleep(0.01)

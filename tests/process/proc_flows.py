@@ -119,9 +119,7 @@ def _spell(ctx: cyclone.StepContext) -> int:
 
 flow_mail = cyclone.Workflow("proc-flow-mail", queue="proc-emails")
 flow_mail.task(_spell, name="send")
-flow_keyed = cyclone.Workflow(
-    "proc-flow-keyed", concurrency=cyclone.Concurrency(key="k", limit=1)
-)
+flow_keyed = cyclone.Workflow("proc-flow-keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
 flow_keyed.task(_spell, name="sync")
 flow_narrow = cyclone.Workflow("proc-flow-narrow")
 flow_narrow.task(_spell, name="one", concurrency=1)

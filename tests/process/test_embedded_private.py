@@ -74,9 +74,12 @@ def test_another_local_user_cannot_reach_the_embedded_servers_socket(short_dir, 
     tried = as_user(other_user, "/usr/bin/python3", "-c", CONNECT, str(socket_path))
     assert tried.returncode != 0 and "Permission denied" in tried.stderr, tried
     # The same as this user works: the refusal is about who, not a broken socket.
-    assert subprocess.run(
-        [sys.executable, "-c", CONNECT, str(socket_path)], capture_output=True, text=True
-    ).stdout == "in\n"
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", CONNECT, str(socket_path)], capture_output=True, text=True
+        ).stdout
+        == "in\n"
+    )
 
 
 def test_a_data_path_too_long_for_a_private_socket_is_refused_before_anything_starts(

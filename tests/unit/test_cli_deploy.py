@@ -37,7 +37,8 @@ CORE_METRICS = {
 }
 # Added since, and Prometheus's own scrape health (`up`): whether the supervisor's database
 # reads succeed (exported with the database gauges), the due steps, unserved runs, and the
-# database's oldest transaction and transaction-ID age, schedules' ticks and lag.
+# database's oldest transaction and transaction-ID age, schedules' ticks and lag, a read
+# replica's lag.
 EXTRA_METRICS = {
     "cyclone_db_up",
     "up",
@@ -46,6 +47,7 @@ EXTRA_METRICS = {
     "cyclone_runs_unserved",
     "cyclone_db_oldest_xact_age_seconds",
     "cyclone_db_xid_age",
+    "cyclone_db_replica_lag_seconds",
     "cyclone_dispatch_batch_steps",
     "cyclone_steps_throttled",
     "cyclone_schedule_ticks_total",
