@@ -11,20 +11,34 @@ so the two read and write the same values; malformed text raises what `json` rai
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
 
 _DECODER = json.JSONDecoder()
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
+# orjson reads an integer past 64 bits as a float, silently: text with a run of 19 digits or
+# more (a uuid or hash seldom has one) goes to `json`, which keeps it whole.
+_LONG = re.compile(r"\d{19}")
+_LONG_BYTES = re.compile(rb"\d{19}")
 
 
 def loads(text: str | bytes) -> Any:
     """Parse one JSON value (ValueError or RecursionError as `json.loads` raises them)."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return _DECODER.decode(text if isinstance(text, str) else text.decode())
+    if isinstance(text, str):
+        if _LONG.search(text) is None:
+            try:
+                return orjson.loads(text)
+            except orjson.JSONDecodeError:
+                pass
+        return _DECODER.decode(text)
+    if _LONG_BYTES.search(text) is None:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
+    return _DECODER.decode(text.decode())
 
 
 def dumps(value: Any) -> str:
