@@ -53,6 +53,12 @@ def read_dsn_of(settings: Any) -> str | None:
 
 def console(session: Session, args: argparse.Namespace) -> int:
     try:
+        # The extra's parts by name: cyclone.console may be imported already, by a caller that
+        # had them, while uvicorn is the one a server needs.
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+
         from cyclone.console import ConsoleSettings, create_app
         from cyclone.console.server import make_server
     except ImportError:

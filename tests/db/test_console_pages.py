@@ -301,7 +301,7 @@ def test_a_run_that_carries_a_trace_links_to_it(env: TestEnv):
     trace = "4bf92f3577b34da6a3ce929d0e0e4736"
     with serve(env.dsn, trace_url="https://jaeger.internal/trace/{trace_id}") as base:
         assert "trace-link" not in Browser(base).get(f"/runs/{run_id}").text
-        env.conn.execute("ALTER TABLE cyclone_runs ADD COLUMN trace_parent text")
+        env.conn.execute("ALTER TABLE cyclone_runs ADD COLUMN IF NOT EXISTS trace_parent text")
         env.conn.execute(
             "UPDATE cyclone_runs SET trace_parent = %s WHERE id = %s",
             (f"00-{trace}-00f067aa0ba902b7-01", run_id),
