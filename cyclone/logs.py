@@ -59,17 +59,23 @@ class JsonFormatter(logging.Formatter):
 
 class StepFields(logging.Filter):
     """Adds the step a worker runs to each record that names none (installed for JSON only:
-    text logs are left as they were, and nothing is read per record there)."""
+    text logs are left as they were, and nothing is read per record there), and the trace id
+    of its run, where it carries one (`trace_of`, looked up once a run)."""
 
-    def __init__(self, current: Callable[[], Any]) -> None:
+    def __init__(
+        self, current: Callable[[], Any], trace_of: Callable[[Any], str | None] | None = None
+    ) -> None:
         super().__init__()
         self.current = current
+        self.trace_of = trace_of
 
     def filter(self, record: logging.LogRecord) -> bool:
         lease = self.current()
         if lease is not None and getattr(record, "run_id", None) is None:
             for name, value in step_fields(lease, lease.item_index).items():
                 setattr(record, name, value)
+            if self.trace_of is not None:
+                record.trace_id = self.trace_of(lease)
         return True
 
 

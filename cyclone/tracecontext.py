@@ -34,6 +34,12 @@ def current_traceparent() -> str | None:
     return value if is_traceparent(value) else None
 
 
+def trace_id_of(value: object) -> str | None:
+    """The trace id (32 hex digits) a stored traceparent names, as trace UIs take it; None for
+    none or a malformed one."""
+    return value.split("-")[1] if is_traceparent(value) else None  # type: ignore[union-attr]
+
+
 def parse_traceparent(value: str) -> tuple[int, int, int]:
     """(trace id, parent span id, flags) of a valid traceparent."""
     _, trace_id, span_id, flags = value.split("-")

@@ -91,6 +91,8 @@ class HeldLease:
     # not arrived yet (see Arbiter.check_revocations).
     finished_seen: float | None = None
     item: int | None = None  # a map item's index
+    # Its run's trace id, once tracing looked it up (supervisor/tracing.py): for JSON lines.
+    trace_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -37,7 +37,10 @@ def step_label(lease: HeldLease) -> str:
 
 def step_extra(lease: HeldLease, action: str) -> dict[str, Any]:
     """A log record's extra about a lease: its action and the step's fields (cyclone/logs.py)."""
-    return {"action": action, **step_fields(lease, lease.item)}
+    extra = {"action": action, **step_fields(lease, lease.item)}
+    if lease.trace_id is not None:
+        extra["trace_id"] = lease.trace_id
+    return extra
 
 
 def format_elapsed(seconds: float) -> str:

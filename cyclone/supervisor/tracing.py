@@ -27,7 +27,7 @@ from cyclone.db import connect
 from cyclone.errors import ConfigError
 from cyclone.sql import QUERIES
 from cyclone.supervisor.children import HeldLease, KillReason
-from cyclone.tracecontext import is_traceparent, parse_traceparent
+from cyclone.tracecontext import is_traceparent, parse_traceparent, trace_id_of
 
 try:
     from opentelemetry import trace
@@ -163,6 +163,10 @@ class AttemptTraces:
 
     def _apply(self, items: list[tuple[Any, ...]]) -> None:
         self._look_up({i[1].run_id for i in items if i[0] == "start"})
+        for item in items:
+            if item[0] == "start":
+                # The supervisor's later lines about this attempt carry it (outcomes.py).
+                item[1].trace_id = trace_id_of(self.parents.get(item[1].run_id))
         for item in items:
             try:
                 getattr(self, "_on_" + item[0])(*item[1:])

@@ -9,6 +9,7 @@ import signal
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,7 +34,9 @@ from cyclone.engine.steps import Lease
 from cyclone.engine.versions import Served
 from cyclone.logs import StepFields, json_handlers
 from cyclone.outage import OutageLog
+from cyclone.sql import QUERIES
 from cyclone.states import NodeKind
+from cyclone.tracecontext import trace_id_of
 from cyclone.worker.keeper import LeaseKeeper, may_go_on
 from cyclone.workflow import Registry
 
@@ -59,6 +62,8 @@ class WorkerOptions:
 # Told to lease on its own (the supervisor's session failed), a worker does so this long
 # before it asks the supervisor again.
 OWN_FOR = 5.0
+# Runs whose trace id a worker keeps for its JSON log lines.
+TRACE_IDS_KEPT = 64
 # How long a wait for the supervisor's answer lasts before the worker checks it is still there.
 ANSWER_POLL = 1.0
 # The same, parked (waiting for work, for as long as none comes): how soon a stop or retire
@@ -106,6 +111,10 @@ class Worker:
         self.given = False  # the held lease came from the supervisor, which reported it
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
+        # Trace ids of recent runs, for JSON log lines (see trace_of).
+        self.trace_ids: OrderedDict[str, str | None] = OrderedDict()
+        self.trace_lock = threading.Lock()
+        self.trace_conn: psycopg.Connection[Any] | None = None
         self.record_outage: OutageLog | None = None  # recording a step failed (check_trust)
 
     # --- process ------------------------------------------------------------------------------
@@ -138,7 +147,7 @@ class Worker:
             )  # fmt: skip
             self.keeper.start()
             for handler in json_handlers():  # JSON logs name the step of every line
-                handler.addFilter(StepFields(self.keeper.current))
+                handler.addFilter(StepFields(self.keeper.current, self.trace_of))
             self.channel.send(channel.Ready())
             code = self.loop()
             # Whatever a handler's thread started since: the supervisor counts on a clean
@@ -190,6 +199,31 @@ class Worker:
         elif signum == signal.SIGUSR1:
             self.retire_requested = True
         self.nudge.set()
+
+    def trace_of(self, lease: Lease) -> str | None:
+        """The trace id of the lease's run, for JSON log lines: read once a run, on a session
+        of its own (a record may be logged while the worker's session is mid-statement), and
+        skipped (None) while another thread reads it or the database does not answer."""
+        cached = self.trace_ids.get(lease.run_id, False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        if not self.trace_lock.acquire(blocking=False):
+            return None
+        try:
+            if self.trace_conn is None or self.trace_conn.closed or self.trace_conn.broken:
+                self.trace_conn = self.connect("cyclone-logs")
+            row = self.trace_conn.execute(
+                QUERIES["run_trace_parents"], {"run_ids": [lease.run_id]}
+            ).fetchone()
+            found = trace_id_of(row["trace_parent"] if row else None)
+        except psycopg.Error:
+            return None
+        finally:
+            self.trace_lock.release()
+        self.trace_ids[lease.run_id] = found
+        while len(self.trace_ids) > TRACE_IDS_KEPT:
+            self.trace_ids.popitem(last=False)
+        return found
 
     def connect(self, name: str = "cyclone-worker") -> psycopg.Connection[Any]:
         keepalive = max(int(self.options.heartbeat_interval), 1)

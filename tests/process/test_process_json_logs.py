@@ -8,9 +8,14 @@ import json
 
 from proc_helpers import completed, wait_for
 
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 
-def test_json_lines_name_their_step(env, supervisor) -> None:
+
+def test_json_lines_name_their_step(env, supervisor, monkeypatch) -> None:
     sup = supervisor(logging__format='"json"')
+    # Submitted in a trace (from the environment, as the CLI takes it): a handler's lines
+    # carry its id, so the trace's UI and the logs find each other.
+    monkeypatch.setenv("TRACEPARENT", f"00-{TRACE_ID}-00f067aa0ba902b7-01")
     run_id = env.client.submit("proc-traced")
     wait_for(lambda: completed(env, run_id), 30, f"run {run_id} to complete\n{sup.log()}")
 
@@ -33,6 +38,7 @@ def test_json_lines_name_their_step(env, supervisor) -> None:
     assert said["logger"] == "proc.traced"
     assert said["step_id"] == outcome["step_id"]
     assert said["pid"] != sup.pid  # written by the worker
+    assert said["trace_id"] == TRACE_ID
     # Lines about no step carry no step fields.
     started = [r for r in lines() if r["msg"].startswith("supervisor ") and "started" in r["msg"]]
     assert started and "run_id" not in started[0]
