@@ -34,11 +34,14 @@ def _all(driver, css: str):
 
 
 def _until(driver, condition, what: str, timeout: float = 20):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
-        lambda d: condition(d), message=what
-    )
+    # An element found on a page that a click or a live refresh has just replaced is stale:
+    # looked for again on the next poll.
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(lambda d: condition(d), message=what)
 
 
 def _shoot(driver, tmp: Path, name: str) -> None:
@@ -134,7 +137,9 @@ def test_bulk_cancel_a_set_of_runs(env: TestEnv, supervisor, tmp_path: Path):
                 box.click()
         _shoot_both(driver, tmp_path, "runs")
         _by(driver, "#cancel-selected").click()
-        text = _until(driver, lambda d: _by(d, "h1").text, "the outcome")
+        text = _until(
+            driver, lambda d: (t := _by(d, "h1").text).startswith("Cancel") and t, "the outcome"
+        )
         assert text == "Cancel: 4 of 4 done"
     assert [env.client.get_run(r).state for r in held] == ["cancelled"] * 4
     assert env.client.get_run(other).state == "running"
