@@ -80,5 +80,8 @@ DEADLINE_ERROR = "run deadline exceeded"
 MAX_DEADLINE_SECONDS = 100 * 365 * 86400
 # A supervisor publishes its presence rows this often; the scanner deletes those not seen for
 # STALE_AFTER. Both sides read them here.
+# The longest a supervisor or scanner that set the wake flag (or its timer) waits for the
+# transactions then in progress to end before it looks again (cyclone_wake_settle, migration 22).
+WAKE_SETTLE = 0.2
 PUBLISH_INTERVAL = 2.0
 STALE_AFTER = 10 * PUBLISH_INTERVAL

@@ -35,6 +35,7 @@ from cyclone.engine.sweeps import enabled_sweeps
 from cyclone.outage import OutageLog
 from cyclone.scanner.base import Sweeper
 from cyclone.sql import QUERIES
+from cyclone.states import WAKE_SETTLE
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ TIMER_GAP = 0.005
 # The furthest ahead a sleep looks: the triggers notify only for times within a minute (0022).
 HORIZON = 60.0
 LISTEN = "LISTEN cyclone_timer"
-# The longest a look ahead waits for transactions in progress to end (see next_due).
-SETTLE_MOST = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +191,7 @@ class Scanner:
             self.listening = conn  # the sweeps' session was opened anew
             self.listening.execute(LISTEN)
         horizon = min(max(next_pass - time.monotonic(), 0.0), HORIZON)
-        params = {"horizon": horizon, "since": self.since, "most": SETTLE_MOST}
+        params = {"horizon": horizon, "since": self.since, "most": WAKE_SETTLE}
         row = conn.execute(QUERIES["wake_timer"], params).fetchone()
         wait = row["wait"] if row is not None else None
         if wait is None or wait >= horizon:

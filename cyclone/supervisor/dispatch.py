@@ -63,6 +63,7 @@ from cyclone.engine.dispatch import (
 from cyclone.engine.steps import _LeaseFloor
 from cyclone.outage import one_line
 from cyclone.sql import QUERIES
+from cyclone.states import WAKE_SETTLE
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +106,11 @@ AHEAD = 4
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
 _OWN = b'given {"own":true}\n'
-_NONE = b'given {"recorded":null}\n'  # no step: the worker is leaving, or the VM drains
+# No lease, nothing recorded: for a finished task, "record it yourself" (its batch failed); for
+# a bare want, "no step" (the worker is leaving, or the VM drains).
+_SELF = _NONE = b'given {"recorded":null}\n'
 # Set the flag, then wait for the transactions in progress (see wake.sql) before looking again.
-ARM_SQL = QUERIES["wake_arm"].replace("%(most)s", "0.2")
-_SELF = b'given {"recorded":null}\n'  # record it yourself: this batch failed
+ARM_SQL = QUERIES["wake_arm"].replace("%(most)s", repr(WAKE_SETTLE))
 
 
 class DispatchUnreadable(Exception):

@@ -26,15 +26,13 @@ import psycopg
 from cyclone import engine
 from cyclone.child.session import connect_briefly
 from cyclone.sql import QUERIES
-from cyclone.states import ErrorKind
+from cyclone.states import WAKE_SETTLE, ErrorKind
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CHANNEL = "cyclone_revoked"
 READY_CHANNEL = "cyclone_ready"
-# The longest a supervisor setting the wake flag waits for transactions in progress to end.
-SETTLE_MOST = 0.2
 # How long the start-up probe waits for its own notification before settling on polling.
 PROBE_TIMEOUT = 1.0
 # LISTEN is not in cyclone/sql because it takes no parameters and changes no data.
@@ -224,7 +222,7 @@ class DatabaseStore:
 
     def arm_wake(self) -> None:
         """Say that this VM waits for ready steps (migration 22): the next notifies."""
-        self._call(lambda conn: conn.execute(QUERIES["wake_arm"], {"most": SETTLE_MOST}))
+        self._call(lambda conn: conn.execute(QUERIES["wake_arm"], {"most": WAKE_SETTLE}))
 
     def close(self) -> None:
         self.session.close()
