@@ -63,6 +63,8 @@ DROP INDEX cyclone_steps_due_idx, cyclone_steps_dead_idx, cyclone_steps_running_
            cyclone_runs_live_idx, cyclone_runs_parent_idx, cyclone_runs_finished_idx,
            cyclone_runs_created_idx, cyclone_runs_idempotency_idx"""
 CLIENT_STEPS = (300, 900)
+# --keep DIR: the engine's callgrind files and per-function profiles are left there.
+KEEP: Path | None = None
 # VACUUM ANALYZE after each fill (--no-analyze: as users drain a burst).
 ANALYZE = True
 # A connection scans the candidate index from the start once a second of wall time
@@ -161,7 +163,38 @@ def drain(dsn: str, folder: Path, system: str, shape: int, steps: int) -> int:
         if not step():
             raise RuntimeError(f"{system}: the queue ran dry; raise --fill")
     conn.close()
-    return backend_total(folder, pid)
+    total = backend_total(folder, pid)
+    if KEEP is not None:
+        shutil.copy(folder / f"cg.{pid}", KEEP / f"{system}-{shape}-{steps}.cg")
+    return total
+
+
+def functions(path: Path) -> dict[str, int]:
+    """Inclusive instructions per function of one callgrind file (callgrind_annotate's)."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(path)],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    found: dict[str, int] = {}
+    for line in out.splitlines():
+        hit = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*?:?(\S+) \[", line)
+        if hit:
+            name = hit.group(2)
+            found[name] = found.get(name, 0) + int(hit.group(1).replace(",", ""))
+    return found
+
+
+def profile(keep: Path, system: str, shape: int, steps: int, top: int = 60) -> None:
+    """Per step: what each function's inclusive count adds from the short drain to the long."""
+    short = functions(keep / f"{system}-{shape}-{BASE_STEPS}.cg")
+    long = functions(keep / f"{system}-{shape}-{BASE_STEPS + steps}.cg")
+    rows = sorted(((long.get(f, 0) - short.get(f, 0)) / steps, f) for f in long)
+    out = keep / f"{system}-{shape}.profile"
+    with out.open("w") as f:
+        for cost, name in reversed(rows):
+            if cost >= 1000:
+                f.write(f"{cost / 1000:10,.1f}k {name}\n")
+    print(f"  per-function profile of {system} {shape}-step: {out}")
 
 
 def per_step(
@@ -261,9 +294,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--strip", action="store_true", help="also count the engine without rules or extra indexes"
     )
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="leave the callgrind files and a per-step profile by function (inclusive) here",
+    )
     args = parser.parse_args(argv)
-    global ANALYZE
+    global ANALYZE, KEEP
     ANALYZE = not args.no_analyze
+    if args.keep:
+        KEEP = args.keep.resolve()
+        KEEP.mkdir(parents=True, exist_ok=True)
     if args.client:
         client_figures()
         return 0
@@ -278,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         for shape in shapes:
             engine = per_step(dsn, folder, "engine", shape, args.fill, args.steps)
             baseline = per_step(dsn, folder, "baseline", shape, args.fill, args.steps)
+            if KEEP is not None:
+                profile(KEEP, "engine", shape, args.steps)
             line = (f"  {shape}-step    {engine / 1000:11,.0f}k {baseline / 1000:11,.0f}k"
                     f" {engine / baseline:16.2f}")  # fmt: skip
             if args.strip:

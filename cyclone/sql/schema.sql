@@ -343,10 +343,64 @@ CREATE TABLE cyclone_workers (
 -- constraint, which names the column. Each rule is written twice, as a condition in the
 -- fast test and as the text naming it: tests/db/test_schema.py holds both to one model. Like every
 -- trigger, these do not fire while session_replication_role is `replica`.
+--
+-- The same functions do what other row triggers did with a WHEN clause (migration 23): a WHEN
+-- clause is read back from its text and compiled for every statement that may fire it, rows
+-- or not, where a test in a function that runs anyway costs a few thousand instructions.
+-- Before the rules: a step of a limited node is held, a run's pass takes its sign, a
+-- finished_at in the past is refused. After them: the end of a run a client waits for is
+-- notified (channel cyclone_run_ended, payload the run's id; only runs with `waited` set,
+-- since a transaction that sent a NOTIFY serialises its commit with every other such commit),
+-- and a waiting supervisor or the scanner is woken (cyclone_wake_ready, cyclone_wake_timer).
+-- Notifications are delivered at commit, never on rollback. Runs end and steps become ready
+-- in a dozen places; a trigger cannot be forgotten by the next one.
 ------------------------------------------------------------------------------------------------
 
 CREATE FUNCTION cyclone_steps_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- PL/pgSQL compiles a test the first time a transaction reaches it, and the cost grows
+    -- with its size: so each step starts with a small test that the hot path fails (a lease and
+    -- a completion make no step available or waiting), and the larger ones sit behind it.
+    IF NEW.state = 'available' OR NEW.state = 'waiting' THEN
+        -- A step of a limited node made available waits, held, until admitted: a new one, and
+        -- one made available again other than by a planned stop giving it back (a retry of a
+        -- rate-limited step takes a token per attempt; a DLQ retry takes a slot anew). A retry
+        -- of a node limited by concurrency only keeps its slot.
+        IF NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL THEN
+            IF NEW.state = 'available'
+               AND (TG_OP = 'INSERT'
+                    OR (OLD.state <> 'available' AND NOT OLD.held
+                        AND (OLD.state <> 'running'
+                             OR (NEW.attempt >= OLD.attempt AND NEW.rate_limit IS NOT NULL))))
+            THEN
+                NEW.state := 'waiting';
+                NEW.held := true;
+            END IF;
+        END IF;
+        -- Wake whoever waits for this step: a supervisor whose workers found nothing (the flag
+        -- is set only while one waits), or the scanner asleep past the step's time. (Should a
+        -- rule below fail the row, the transaction rolls back its notification with it.)
+        IF NEW.state = 'available' THEN
+            IF NEW.available_at <= now() THEN
+                IF (TG_OP = 'INSERT' OR OLD.state <> 'available')
+                   AND pg_sequence_last_value('cyclone_wake_ready') = 1 THEN
+                    PERFORM cyclone_wake_ready();
+                END IF;
+            ELSIF (TG_OP = 'INSERT' OR OLD.state <> 'available'
+                   OR OLD.available_at <> NEW.available_at)
+                  AND cyclone_epoch_ms(NEW.available_at)
+                      < pg_sequence_last_value('cyclone_wake_timer') THEN
+                PERFORM cyclone_wake_timer(NEW.available_at);
+            END IF;
+        ELSIF NEW.due_at < now() + interval '1 minute' THEN
+            IF (TG_OP = 'INSERT' OR OLD.state <> 'waiting'
+                OR OLD.due_at IS DISTINCT FROM NEW.due_at)
+               AND cyclone_epoch_ms(NEW.due_at) < pg_sequence_last_value('cyclone_wake_timer')
+            THEN
+                PERFORM cyclone_wake_timer(NEW.due_at);
+            END IF;
+        END IF;
+    END IF;
     IF ((NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
         OR (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
         OR (NEW.completed_at IS NOT NULL) <> (NEW.state IN ('completed', 'dead', 'discarded'))
@@ -381,6 +435,42 @@ $$;
 
 CREATE FUNCTION cyclone_runs_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    -- (On an INSERT, OLD is NULL: the state differs from it and was never an end.)
+    IF NEW.state IS DISTINCT FROM OLD.state THEN
+        -- A run's pass is negative once it ended (positive again if the DLQ re-drives it),
+        -- and a client waiting for its end (`waited`: run_wait_register in waits.sql) hears
+        -- of it at commit.
+        IF NEW.state IN ('completed', 'failed', 'cancelled') THEN
+            NEW.pass := -abs(NEW.pass);
+            IF NEW.waited AND TG_OP = 'UPDATE' THEN
+                PERFORM pg_notify('cyclone_run_ended', NEW.id::text);
+            END IF;
+        ELSIF OLD.state IN ('completed', 'failed', 'cancelled') THEN
+            NEW.pass := abs(NEW.pass);
+        END IF;
+    END IF;
+    -- A finished_at earlier than the transaction's clock, set by a role that does not own the
+    -- table: retention would take the run before its time. (Qualified names: this runs with
+    -- the caller's search_path.)
+    IF NEW.finished_at < pg_catalog.now() THEN
+        IF TG_OP = 'UPDATE' AND NEW.finished_at IS DISTINCT FROM OLD.finished_at
+           AND NOT pg_catalog.pg_has_role(current_user,
+                                          (SELECT c.relowner FROM pg_catalog.pg_class c
+                                            WHERE c.oid = TG_RELID), 'MEMBER') THEN
+            RAISE insufficient_privilege USING
+                MESSAGE = pg_catalog.format('run %s: finished_at %s is before now (%s); role %s'
+                                            ' may only end a run at the current time', NEW.id,
+                                            NEW.finished_at, pg_catalog.now(), current_user);
+        END IF;
+    END IF;
+    -- A deadline earlier than the scanner sleeps.
+    IF NEW.deadline_at < now() + interval '1 minute' THEN
+        IF NEW.state IN ('running', 'queued')
+           AND cyclone_epoch_ms(NEW.deadline_at) < pg_sequence_last_value('cyclone_wake_timer')
+        THEN
+            PERFORM cyclone_wake_timer(NEW.deadline_at);
+        END IF;
+    END IF;
     IF ((NEW.finished_at IS NOT NULL) <> (NEW.state IN ('completed', 'failed', 'cancelled'))
         OR (NEW.paused_at IS NOT NULL) <> (NEW.state = 'paused')
         OR (NEW.output IS NOT NULL AND NEW.state <> 'completed')
@@ -408,73 +498,6 @@ CREATE TRIGGER cyclone_steps_rules BEFORE INSERT OR UPDATE ON cyclone_steps
     FOR EACH ROW EXECUTE FUNCTION cyclone_steps_keep_rules();
 CREATE TRIGGER cyclone_runs_rules BEFORE INSERT OR UPDATE ON cyclone_runs
     FOR EACH ROW EXECUTE FUNCTION cyclone_runs_keep_rules();
-
--- A run's finished_at set earlier than the transaction's clock, by a role that does not own
--- the table: retention would take it before its time. The WHEN clause is evaluated without
--- calling the function, so the statements that end runs at now() (or at TestEnv's clock,
--- which only moves forward) pay nothing; the names are qualified because the function runs
--- with the caller's search_path.
-CREATE FUNCTION cyclone_runs_finished_not_past() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF pg_catalog.pg_has_role(current_user, (SELECT c.relowner FROM pg_catalog.pg_class c
-                                               WHERE c.oid = TG_RELID), 'MEMBER') THEN
-        RETURN NEW;
-    END IF;
-    RAISE insufficient_privilege USING
-        MESSAGE = pg_catalog.format('run %s: finished_at %s is before now (%s); role %s may '
-                                    'only end a run at the current time', NEW.id,
-                                    NEW.finished_at, pg_catalog.now(), current_user);
-END
-$$;
-
-CREATE TRIGGER cyclone_runs_finished_now BEFORE UPDATE OF finished_at ON cyclone_runs
-    FOR EACH ROW
-    WHEN (NEW.finished_at < now() AND NEW.finished_at IS DISTINCT FROM OLD.finished_at)
-    EXECUTE FUNCTION cyclone_runs_finished_not_past();
-
-------------------------------------------------------------------------------------------------
--- Run ends a client waits for
---
--- A notification on channel cyclone_run_ended, payload the run's id, sent in the transaction
--- that ends a waited-for run (delivered at its commit, never on rollback). Only for runs with
--- `waited` set (a client's wait: run_wait_register in waits.sql): a transaction that sent a
--- NOTIFY serialises its commit with every other such commit. The test sits in the WHEN clause,
--- which is evaluated without calling the function, so a run nobody waits for pays nothing. A
--- trigger rather than a NOTIFY in each statement that ends runs: runs end in a dozen places,
--- and a trigger cannot be forgotten by the next one.
-------------------------------------------------------------------------------------------------
-
-CREATE FUNCTION cyclone_runs_notify_end() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('cyclone_run_ended', NEW.id::text);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER cyclone_runs_ended AFTER UPDATE OF state ON cyclone_runs
-    FOR EACH ROW
-    WHEN (NEW.waited AND NEW.state IN ('completed', 'failed', 'cancelled')
-          AND OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION cyclone_runs_notify_end();
-
-
--- A run's pass is negative once it ended (and positive again if the DLQ re-drives it): the
--- lookups of a group's live runs at submit and admission test `pass > 0` alone, which no index
--- of run states can answer, so the planner cannot walk cyclone_runs_live_idx for them (it did,
--- on statistics of a drained history, reading every live run for each submit).
-CREATE FUNCTION cyclone_runs_pass_sign() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.pass := CASE WHEN NEW.state IN ('completed', 'failed', 'cancelled') THEN -abs(NEW.pass)
-                     ELSE abs(NEW.pass) END;
-    RETURN NEW;
-END
-$$;
-
-CREATE TRIGGER cyclone_runs_pass_sign BEFORE UPDATE OF state ON cyclone_runs
-    FOR EACH ROW
-    WHEN ((OLD.state IN ('completed', 'failed', 'cancelled'))
-          IS DISTINCT FROM (NEW.state IN ('completed', 'failed', 'cancelled')))
-    EXECUTE FUNCTION cyclone_runs_pass_sign();
 
 ------------------------------------------------------------------------------------------------
 -- Runs per key: at most `concurrency_limit` runs of a workflow with the same concurrency key
@@ -560,16 +583,16 @@ $$;
 -- A run that held a slot ended: admit what now fits. (A queued run that ends held none.)
 CREATE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+    IF OLD.state IN ('running', 'paused') AND NOT OLD.queued
+       AND NEW.state IN ('completed', 'failed', 'cancelled') THEN
+        PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+    END IF;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
-    FOR EACH ROW
-    WHEN (OLD.state IN ('running', 'paused') AND NOT OLD.queued
-          AND NEW.state IN ('completed', 'failed', 'cancelled')
-          AND NEW.concurrency_limit IS NOT NULL)
+    FOR EACH ROW WHEN (NEW.concurrency_limit IS NOT NULL)
     EXECUTE FUNCTION cyclone_runs_free_slot();
 
 ------------------------------------------------------------------------------------------------
@@ -728,23 +751,6 @@ AS $$
      GROUP BY h.workflow, h.node
 $$;
 
--- A new step of a limited node is held until admitted; so is one made available again other
--- than by a planned stop giving it back: a retry of a rate-limited step (each attempt takes a
--- token) and a step re-driven from the DLQ. A step that keeps its slot (a retry of a node
--- limited by concurrency only) is not.
-CREATE FUNCTION cyclone_steps_hold() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT'
-       OR (OLD.state <> 'running' AND OLD.state <> 'available')
-       OR (OLD.state = 'running' AND NEW.attempt >= OLD.attempt AND NEW.rate_limit IS NOT NULL)
-    THEN
-        NEW.state := 'waiting';
-        NEW.held := true;
-    END IF;
-    RETURN NEW;
-END
-$$;
-
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now());
@@ -752,24 +758,22 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER cyclone_steps_hold BEFORE INSERT ON cyclone_steps
-    FOR EACH ROW
-    WHEN (NEW.state = 'available' AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
-    EXECUTE FUNCTION cyclone_steps_hold();
-CREATE TRIGGER cyclone_steps_hold_again BEFORE UPDATE OF state ON cyclone_steps
-    FOR EACH ROW
-    WHEN (NEW.state = 'available' AND OLD.state <> 'available' AND NOT OLD.held
-          AND (NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL))
-    EXECUTE FUNCTION cyclone_steps_hold();
 CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
     FOR EACH ROW WHEN (NEW.held)
     EXECUTE FUNCTION cyclone_steps_admit();
 -- A step that held a slot let it go (ended, parked, or held again for a token).
+CREATE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running') THEN
+        PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now());
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 CREATE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
-    FOR EACH ROW
-    WHEN (OLD.node_limit IS NOT NULL AND OLD.state IN ('available', 'running')
-          AND NEW.state NOT IN ('available', 'running'))
-    EXECUTE FUNCTION cyclone_steps_admit();
+    FOR EACH ROW WHEN (OLD.node_limit IS NOT NULL)
+    EXECUTE FUNCTION cyclone_steps_free_slot();
 
 ------------------------------------------------------------------------------------------------
 -- The lease's candidate scan, and how far behind the workers are
@@ -1368,63 +1372,6 @@ BEGIN
     PERFORM pg_notify('cyclone_timer', '');
 END
 $$;
-
-CREATE FUNCTION cyclone_steps_wake() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF NEW.state = 'waiting' THEN
-        PERFORM cyclone_wake_timer(NEW.due_at);
-    ELSIF NEW.available_at > now() THEN
-        PERFORM cyclone_wake_timer(NEW.available_at);
-    ELSE
-        PERFORM cyclone_wake_ready();
-    END IF;
-    RETURN NULL;
-END
-$$;
-
--- Called only when its WHEN says someone is to be woken: a step made ready while a supervisor
--- waits, or a time earlier than the scanner's.
-CREATE TRIGGER cyclone_steps_wake AFTER INSERT ON cyclone_steps
-    FOR EACH ROW
-    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
-           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
-          OR (((NEW.state = 'available' AND NEW.available_at > now())
-               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'))
-              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
-                                                  ELSE NEW.available_at END)
-                  < pg_sequence_last_value('cyclone_wake_timer')))
-    EXECUTE FUNCTION cyclone_steps_wake();
-
--- Not UPDATE OF state: every write that makes a step available again sets its available_at
--- (a retry, a release, a token given, a DLQ retry, a parked step freed), and the lease and the
--- completion, which set state on every step, then never consider this trigger at all.
-CREATE TRIGGER cyclone_steps_wake_again AFTER UPDATE OF available_at, due_at
-    ON cyclone_steps FOR EACH ROW
-    WHEN ((NEW.state = 'available' AND NEW.available_at <= now()
-           AND OLD.state <> 'available'
-           AND pg_sequence_last_value('cyclone_wake_ready') = 1)
-          OR (((NEW.state = 'available'
-                AND (OLD.state <> 'available' OR OLD.available_at <> NEW.available_at)
-                AND NEW.available_at > now())
-               OR (NEW.state = 'waiting' AND NEW.due_at < now() + interval '1 minute'
-                   AND (OLD.state <> 'waiting' OR OLD.due_at IS DISTINCT FROM NEW.due_at)))
-              AND cyclone_epoch_ms(CASE NEW.state WHEN 'waiting' THEN NEW.due_at
-                                                  ELSE NEW.available_at END)
-                  < pg_sequence_last_value('cyclone_wake_timer')))
-    EXECUTE FUNCTION cyclone_steps_wake();
-
-CREATE FUNCTION cyclone_runs_wake() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM cyclone_wake_timer(NEW.deadline_at);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER cyclone_runs_wake AFTER INSERT OR UPDATE OF deadline_at ON cyclone_runs
-    FOR EACH ROW
-    WHEN (NEW.deadline_at < now() + interval '1 minute'
-          AND cyclone_epoch_ms(NEW.deadline_at) < pg_sequence_last_value('cyclone_wake_timer'))
-    EXECUTE FUNCTION cyclone_runs_wake();
 
 -- The earliest time after `since`, within `horizon` seconds of now, at which something comes
 -- due that the scanner or a lease acts on: a step's retry or token, a sleep or max_wait, a live

@@ -148,7 +148,7 @@ def test_a_freshly_migrated_database_matches_schema_sql_exactly(schemas):
         "DROP INDEX cyclone_steps_dead_idx",
         "CREATE OR REPLACE FUNCTION cyclone_oldest_due(at timestamptz) RETURNS timestamptz"
         " LANGUAGE sql STABLE AS $$ SELECT at $$",
-        "ALTER TABLE cyclone_runs DISABLE TRIGGER cyclone_runs_ended",
+        "ALTER TABLE cyclone_runs DISABLE TRIGGER cyclone_runs_slot_freed",
         "DO $$ BEGIN EXECUTE 'CREATE OR REPLACE VIEW cyclone_v_runs AS '"
         " || rtrim(pg_get_viewdef('cyclone_v_runs'), ';') || ' LIMIT 10'; END $$",
         "ALTER DOMAIN cyclone_node_kind ADD CHECK (VALUE <> 'map')",
