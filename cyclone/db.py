@@ -163,6 +163,13 @@ def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connectio
     )
 
 
+# The server option that plans each of a session's prepared statements once: the plan cache
+# otherwise compares the first custom plans with the generic one and may keep planning anew at
+# every execution (a statement of a dozen CTEs costs more to plan than to run). Every statement
+# Cyclone's sessions run is held to the same bounds in its generic plan (tests/db/test_plans.py).
+GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+
+
 def with_options(dsn: str, options: str) -> str:
     """The DSN with server `options` added to any it has (a search_path, say)."""
     if not options:

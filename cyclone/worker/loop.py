@@ -28,7 +28,7 @@ from cyclone.child.process import (
 )
 from cyclone.child.proctitle import set_title, worker_name, worker_title
 from cyclone.context import CancelEvent, Effects
-from cyclone.db import connect, with_options
+from cyclone.db import GENERIC_PLANS, connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
 from cyclone.engine.versions import Served
@@ -229,9 +229,11 @@ class Worker:
         keepalive = max(int(self.options.heartbeat_interval), 1)
         # A transaction left open (a handler's, by a worker frozen mid-step) holds its locks
         # no longer than a lease: its session is ended and the transaction rolled back.
-        idle = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
+        options = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
+        if name == "cyclone-worker":  # Cyclone's statements only: not a handler's own SQL
+            options += f" {GENERIC_PLANS}"
         return connect(
-            with_options(self.options.dsn, idle), f"{name}-{self.options.number}",
+            with_options(self.options.dsn, options), f"{name}-{self.options.number}",
             connect_timeout=CONNECT_TIMEOUT, keepalives=1,
             keepalives_idle=keepalive, keepalives_interval=keepalive, keepalives_count=3,
             tcp_user_timeout=int(self.options.lease_ttl * 1000 / 2),
