@@ -41,7 +41,15 @@ def call(ctx):
     return None
 
 
-ALL = [narrow, mapped, mailer, tenants]
+wide = cyclone.Workflow("nl-wide")
+
+
+@wide.task(concurrency=40)
+def one_of_forty(ctx):
+    return None
+
+
+ALL = [narrow, mapped, mailer, tenants, wide]
 
 
 def lease(env: TestEnv, wf: cyclone.Workflow) -> engine.Lease | None:
@@ -71,6 +79,26 @@ def test_at_most_n_steps_of_a_node_are_available_or_running(env: TestEnv):
     for run_id in runs:
         env.run_until_complete(run_id)
     assert counts(env, narrow) == {"completed": 5}
+
+
+def test_a_freed_slot_waits_while_16_of_the_nodes_steps_are_available_then_all_are_filled(
+    env: TestEnv,
+):
+    """Admission is one walk of the node's indexes for many steps, not one a step, while the
+    workers have work (migration 24); a limit of 16 or less admits at every freed slot."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 60)
+    assert counts(env, wide) == {"available": 40, "held": 20}
+    leases = [lease(env, wide) for _ in range(24)]
+    assert all(leases)
+    for done in leases[:23]:  # 16 stay available: a freed slot admits nothing
+        assert engine.complete_step(env.conn, done, None)
+    assert counts(env, wide) == {"completed": 23, "running": 1, "available": 16, "held": 20}
+    assert engine.complete_step(env.conn, leases[23], None)  # 16 available: nothing still
+    assert counts(env, wide)["held"] == 20
+    taken = lease(env, wide)  # 15 available now; its end fills every free slot at once
+    assert taken and engine.complete_step(env.conn, taken, None)
+    assert counts(env, wide) == {"completed": 25, "available": 35}
 
 
 def test_a_map_node_limit_bounds_its_items(env: TestEnv):
