@@ -15,8 +15,9 @@ nodes that never got a step get one as their dependencies complete, as always.
 
 Refused (RetryRefused): a step that is not dead, a run that is not failed (completed,
 cancelled, or already re-driven), a run whose deadline failed it unless a new `deadline` is
-given, a deadline on a child run (child runs have none of their own), and a child run whose
-parent has ended (retry the parent's child node instead, which starts a new child run).
+given, a deadline on a child run (child runs have none of their own), a child run whose
+parent has ended (retry the parent's child node instead, which starts a new child run), and
+a run whose concurrency key has as many active runs as its limit (it would run beside them).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def retry_dead_step(
                 QUERIES["dlq_retry_check"], {"step_id": step_id, "now": now}
             ).fetchone()
             _check(row, deadline)
+            _check_key(conn, row)
             return _redrive(conn, row, deadline, now)
 
     return retrying(tx)
@@ -99,6 +101,22 @@ def _check(row: dict[str, Any], deadline: float | None) -> None:
         raise RetryRefused(
             f"run {run} was failed by its deadline: retrying needs a new one "
             f"(cyclone dlq retry {step} --deadline 30m)"
+        )
+
+
+def _check_key(conn: Conn, row: dict[str, Any]) -> None:
+    """A re-driven run takes a slot of its key at once: refuse it when the key has none free."""
+    limit = row["concurrency_limit"]
+    if limit is None:
+        return
+    workflow, key = row["workflow"], row["concurrency_key"]
+    conn.execute(QUERIES["concurrency_lock"], {"workflow": workflow, "ckeys": [key]})
+    active = conn.execute(QUERIES["dlq_key_active"], {"workflow": workflow, "key": key})
+    count = active.fetchone()["active"]
+    if count >= limit:
+        raise RetryRefused(
+            f"run {row['run_id']}: its concurrency key {key!r} of workflow {workflow} has "
+            f"{count} active run(s), and its limit is {limit}: retry it once one of them ends"
         )
 
 

@@ -10,7 +10,8 @@ SELECT id, run_id FROM cyclone_steps WHERE id = %(step_id)s;
 -- name: dlq_retry_check
 -- Under the run lock: the step, its run, and whether the run's deadline is what failed it.
 SELECT s.id AS step_id, s.state AS step_state, s.node, s.error_kind,
-       r.id AS run_id, r.state AS run_state, r.parent_run_id,
+       r.id AS run_id, r.state AS run_state, r.parent_run_id, r.workflow,
+       coalesce(r.concurrency_key, '') AS concurrency_key, r.concurrency_limit,
        p.state AS parent_state, r.deadline_at,
        coalesce(%(now)s::timestamptz, now()) AS now,
        (r.deadline_at IS NOT NULL
@@ -22,6 +23,15 @@ SELECT s.id AS step_id, s.state AS step_state, s.node, s.error_kind,
   JOIN cyclone_runs r ON r.id = s.run_id
   LEFT JOIN cyclone_runs p ON p.id = r.parent_run_id
  WHERE s.id = %(step_id)s;
+
+-- name: dlq_key_active
+-- Under the key's lock (concurrency_lock, the statement before, so that this one sees every
+-- run that committed before it was granted): the runs of the key that hold a slot, counted as
+-- cyclone_admit counts them. The failed run to re-drive holds none (its pass is negative).
+SELECT count(*) AS active
+  FROM cyclone_runs r
+ WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = %(key)s
+   AND r.queued = false AND r.pass > 0;
 
 -- name: dlq_run_redrive
 -- The failed run is running again; with %(deadline)s it gets a new deadline from now.

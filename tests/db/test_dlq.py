@@ -251,3 +251,34 @@ def test_a_child_run_cannot_get_a_deadline_of_its_own(env: TestEnv):
     [child_step] = dead(env, str(child))
     with pytest.raises(RetryRefused, match="no deadline of its own"):
         retry_dead_step(env.conn, child_step.id, deadline=60)
+
+
+synced = cyclone.Workflow("dlq-synced", concurrency=cyclone.Concurrency(key="account", limit=1))
+
+
+@synced.task(max_attempts=1)
+def sync(ctx):
+    if BROKEN.get(ctx.input["account"]):
+        raise RuntimeError("remote down")
+    return None
+
+
+def test_a_keyed_runs_retry_is_refused_while_its_key_is_full_and_taken_once_it_frees(
+    env: TestEnv,
+):
+    """A re-driven run takes a slot of its key: it may not run beside the key's limit."""
+    env.register(synced)
+    BROKEN["a"] = True
+    failed = env.client.submit(synced, {"account": "a"})
+    assert env.run_until_complete(failed).state == RunState.FAILED
+    BROKEN.clear()
+    busy = env.client.submit(synced, {"account": "a"})  # holds the key's one slot
+    other = env.client.submit(synced, {"account": "b"})  # another key: no matter
+    [broken] = dead(env, failed)
+    with pytest.raises(RetryRefused, match=r"key 'a' of workflow dlq-synced has 1 active run"):
+        retry_dead_step(env.conn, broken.id)
+    assert env.client.get_run(failed).state == RunState.FAILED  # nothing changed
+    env.run_until_complete(busy)
+    env.run_until_complete(other)
+    retry_dead_step(env.conn, broken.id)
+    assert env.run_until_complete(failed).state == RunState.COMPLETED

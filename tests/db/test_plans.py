@@ -314,6 +314,8 @@ STATEMENTS: dict[str, Callable[[Backlog], dict[str, Any]]] = {
         climit=1,
     ),
     "run_admit": lambda b: {"run_id": b.queued, "now": None},
+    # A DLQ retry of a keyed run counts its key's active runs (under the lock above).
+    "dlq_key_active": lambda b: {"workflow": keyed.name, "key": "hot"},
     # Each pass admits the held steps of the limited node: one node, its slot taken.
     "sweep_held_steps": lambda b: {"batch_size": 500, "now": None},
     "sweep_fair_clock": lambda b: {},
