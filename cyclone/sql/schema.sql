@@ -379,15 +379,21 @@ BEGIN
         END IF;
         -- Wake whoever waits for this step: a supervisor whose workers found nothing (the flag
         -- is set only while one waits), or the scanner asleep past the step's time. (Should a
-        -- rule below fail the row, the transaction rolls back its notification with it.)
+        -- rule below fail the row, the transaction rolls back its notification with it.) The
+        -- flag or time is read once the transaction has its id (pg_current_xact_id): whoever
+        -- sets one then waits for the transactions in progress (cyclone_wake_settle), which
+        -- counts only those with an id, and a BEFORE trigger runs before the row's write
+        -- gives the first write of a transaction its id.
         IF NEW.state = 'available' THEN
             IF NEW.available_at <= now() THEN
                 IF (TG_OP = 'INSERT' OR OLD.state <> 'available')
+                   AND pg_current_xact_id() IS NOT NULL
                    AND pg_sequence_last_value('cyclone_wake_ready') = 1 THEN
                     PERFORM cyclone_wake_ready();
                 END IF;
             ELSIF (TG_OP = 'INSERT' OR OLD.state <> 'available'
                    OR OLD.available_at <> NEW.available_at)
+                  AND pg_current_xact_id() IS NOT NULL
                   AND cyclone_epoch_ms(NEW.available_at)
                       < pg_sequence_last_value('cyclone_wake_timer') THEN
                 PERFORM cyclone_wake_timer(NEW.available_at);
@@ -395,6 +401,7 @@ BEGIN
         ELSIF NEW.due_at < now() + interval '1 minute' THEN
             IF (TG_OP = 'INSERT' OR OLD.state <> 'waiting'
                 OR OLD.due_at IS DISTINCT FROM NEW.due_at)
+               AND pg_current_xact_id() IS NOT NULL
                AND cyclone_epoch_ms(NEW.due_at) < pg_sequence_last_value('cyclone_wake_timer')
             THEN
                 PERFORM cyclone_wake_timer(NEW.due_at);
@@ -466,6 +473,7 @@ BEGIN
     -- A deadline earlier than the scanner sleeps.
     IF NEW.deadline_at < now() + interval '1 minute' THEN
         IF NEW.state IN ('running', 'queued')
+           AND pg_current_xact_id() IS NOT NULL
            AND cyclone_epoch_ms(NEW.deadline_at) < pg_sequence_last_value('cyclone_wake_timer')
         THEN
             PERFORM cyclone_wake_timer(NEW.deadline_at);

@@ -181,6 +181,7 @@ class Session:
                 raise psycopg.OperationalError(_message(result))
         self.pg.nonblocking = 1
         self.fd = self.pg.socket  # kept: a lost connection has none to tell any more
+        self.watched = -1  # the descriptor the loop watches for it (Dispatcher.watch)
         self.floor = _LeaseFloor()
         self.batch: Batch | None = None
         self.leasing: list[Any] = []
@@ -265,7 +266,7 @@ class Dispatcher:
         workflows: Callable[[], Sequence[str]],
         lease_ttl: float,
         graphs: Callable[[], Sequence[str] | None] | None = None,
-        watch: Callable[[int], None] | None = None,
+        watch: Callable[[int], int] | None = None,
         unwatch: Callable[[int], None] | None = None,
         sessions: int = SESSIONS,
         observe: Callable[[int], None] | None = None,
@@ -296,7 +297,9 @@ class Dispatcher:
         self.caps = caps or (lambda: {})
         self.queue_of = queue_of or (lambda workflow: "default")
         self.lease_ttl = lease_ttl
-        self.watch = watch or (lambda fd: None)
+        # watch(fd) returns the descriptor the loop watches for it (its own: see
+        # Supervisor.watch_session); unwatch and on_readable take that one.
+        self.watch = watch or (lambda fd: fd)
         self.unwatch = unwatch or (lambda fd: None)
         self.size = sessions
         self.observe = observe or (lambda leased: None)
@@ -372,7 +375,7 @@ class Dispatcher:
         self.give_back(self.ready + self.stale)
         self.ready, self.stale = [], []
         for session in self.sessions:
-            self.unwatch(session.fileno())
+            self.unwatch(session.watched)
             session.close()
         self.sessions = []
 
@@ -551,13 +554,13 @@ class Dispatcher:
             self.pending = []
             return None
         self.sessions.append(session)
-        self.watch(session.fileno())
+        session.watched = self.watch(session.fileno())
         return session
 
     # --- receiving ----------------------------------------------------------------------------
 
     def on_readable(self, fd: int, arbiter: Handles) -> None:
-        session = next((s for s in self.sessions if s.fileno() == fd), None)
+        session = next((s for s in self.sessions if s.watched == fd), None)
         if session is None:
             return
         try:
@@ -668,7 +671,7 @@ class Dispatcher:
         session.taken, session.ahead = [], []
         if session in self.sessions:
             self.sessions.remove(session)
-            self.unwatch(session.fileno())
+            self.unwatch(session.watched)
             session.close()
         if isinstance(exc, psycopg.OperationalError):
             self.own(exc, batch)

@@ -30,12 +30,13 @@ class Renewer:
         dsn: str,
         *,
         lease_ttl: float,
-        watch: Callable[[int], None] | None = None,
+        watch: Callable[[int], int] | None = None,
         unwatch: Callable[[int], None] | None = None,
     ) -> None:
         self.dsn = dsn
         self.lease_ttl = lease_ttl
-        self.watch = watch or (lambda fd: None)
+        # As the dispatcher's: watch returns the descriptor watched, which unwatch takes.
+        self.watch = watch or (lambda fd: fd)
         self.unwatch = unwatch or (lambda fd: None)
         self.conn: psycopg.Connection[Any] | None = None
         self.fd = -1
@@ -100,8 +101,7 @@ class Renewer:
             self.close()
             self.conn = connect_briefly(self.dsn, STATEMENT_TIMEOUT_MS, "cyclone-renew")
             self.conn.pgconn.nonblocking = 1
-            self.fd = self.conn.pgconn.socket  # kept: a lost connection has none to tell
-            self.watch(self.fd)
+            self.fd = self.watch(self.conn.pgconn.socket)
         return self.conn.pgconn
 
     def close(self) -> None:

@@ -194,8 +194,8 @@ class Supervisor:
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
             graphs=lambda: self.served.graphs,
-            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _DISPATCH),
-            unwatch=self.unwatch, observe=self.metrics.dispatched,
+            watch=lambda fd: self.watch_session(fd, _DISPATCH),
+            unwatch=self.unwatch_session, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,
             poll=settings.worker.poll_interval,
             listening=lambda: self.settings.supervisor.wake and self.listener.working,
@@ -204,9 +204,10 @@ class Supervisor:
         self.board = RenewalBoard()
         self.renewer = Renewer(
             dsn, lease_ttl=settings.worker.lease_ttl,
-            watch=lambda fd: self.selector.register(fd, selectors.EVENT_READ, _RENEW),
-            unwatch=self.unwatch,
+            watch=lambda fd: self.watch_session(fd, _RENEW),
+            unwatch=self.unwatch_session,
         )  # fmt: skip
+        self.listener_fd = -1  # watch_session's descriptor for the LISTEN session
 
     def queue_of(self, workflow: str) -> str:
         return self.loaded[workflow].queue if workflow in self.loaded else "default"
@@ -219,6 +220,26 @@ class Supervisor:
     def unwatch(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(fd)
+
+    def watch_session(self, fd: int, data: str) -> int:
+        """Watch a database session's socket through a descriptor of our own; return it.
+
+        libpq closes its socket as soon as it finds the connection broken, before the loop can
+        stop watching it, and every worker forked meanwhile holds the socket too, so it stays
+        open: epoll went on reporting it, hung up, under its number, which by then named
+        another channel (a new worker's), and the loop spun on reads of that one (bench/chaos.py
+        after a PostgreSQL restart). Our own descriptor is closed only after it is unwatched.
+        """
+        own = os.dup(fd)
+        self.selector.register(own, selectors.EVENT_READ, data)
+        return own
+
+    def unwatch_session(self, own: int) -> None:
+        if own < 0:
+            return
+        self.unwatch(own)
+        with contextlib.suppress(OSError):
+            os.close(own)
 
     # --- running ------------------------------------------------------------------------------
 
@@ -437,7 +458,8 @@ class Supervisor:
             return
         self.next_listen_at = now + LISTEN_RETRY
         if self.listener.conn is not None:
-            self.unwatch(self.listener.fileno())
+            self.unwatch_session(self.listener_fd)
+            self.listener_fd = -1
             self.listener.close()
         try:
             working = self.listener.open()
@@ -449,7 +471,7 @@ class Supervisor:
         else:
             self.listen_outage.succeeded()
             if self.listener.conn is not None:  # None: notifications never arrived, polling
-                self.selector.register(self.listener.fileno(), selectors.EVENT_READ, _LISTENER)
+                self.listener_fd = self.watch_session(self.listener.fileno(), _LISTENER)
         self.arbiter.set_notifications(working)
 
     def idle_workers(self) -> list[Any]:
@@ -501,7 +523,8 @@ class Supervisor:
                 return True
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost: %s", exc)
-            self.unwatch(self.listener.fileno())
+            self.unwatch_session(self.listener_fd)
+            self.listener_fd = -1
             self.listener.close()
             self.arbiter.set_notifications(False)
             return True

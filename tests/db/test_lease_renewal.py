@@ -66,7 +66,7 @@ def test_the_supervisors_session_sends_the_renewal_without_waiting_for_its_answe
 ) -> None:
     held = leases(env, 2)
     watched: list[int] = []
-    renewer = Renewer(env.dsn, lease_ttl=30, watch=watched.append)
+    renewer = Renewer(env.dsn, lease_ttl=30, watch=lambda fd: watched.append(fd) or fd)
     try:
         renewer.send([(lease.step_id, lease.token) for lease in held])
         assert renewer.in_flight and watched == [renewer.fd]
