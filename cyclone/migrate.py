@@ -72,7 +72,11 @@ def _migrate(
         if not _pending(conn):
             return []  # another migrator did it while this one waited
         fresh = not each_file and not _present(conn)
-        applied_now = _install(conn) if fresh else _apply_each(conn)
+        if fresh:
+            applied_now = [(version, name) for version, name, _ in migrations()]
+            _install(conn, current_schema(), applied_now)
+        else:
+            applied_now = _apply_each(conn)
     if fresh:
         logger.info(
             "made the schema at version %d from schema.sql (migrations %s recorded as applied)",
@@ -101,17 +105,23 @@ def _apply_each(conn: psycopg.Connection[Any]) -> list[tuple[int, str]]:
     return applied_now
 
 
-def _install(conn: psycopg.Connection[Any]) -> list[tuple[int, str]]:
-    """The schema of the last migration, made from schema.sql, with every migration recorded
-    as applied; inside _migrate's transaction and lock."""
-    conn.execute(current_schema().encode())  # type: ignore[arg-type] - a whole script of DDL
+def install(conn: psycopg.Connection[Any], script: str, versions: list[tuple[int, str]]) -> None:
+    """Make the connection's schema, known to be new and empty, from `script` (schema.sql's
+    text), recording `versions` (version, name) as applied: `migrate`'s way for a schema never
+    migrated, for callers that read the two beforehand (cyclone.testing_schemas makes schemas
+    in a thread while a test may patch this module's `migrations`)."""
+    with conn.transaction():
+        _lock(conn, LOCK_TIMEOUT)
+        _install(conn, script, versions)
+
+
+def _install(conn: psycopg.Connection[Any], script: str, versions: list[tuple[int, str]]) -> None:
+    conn.execute(script.encode())  # type: ignore[arg-type] - a whole script of DDL
     conn.execute(QUERIES["migration_table_create"])
-    versions = [(version, name) for version, name, _ in migrations()]
     conn.execute(
         QUERIES["migration_record_all"],
         {"versions": [v for v, _ in versions], "names": [n for _, n in versions]},
     )
-    return versions
 
 
 def _lock(conn: psycopg.Connection[Any], timeout: float) -> None:

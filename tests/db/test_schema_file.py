@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from psycopg import sql
 
 from cyclone.migrate import migrate
 from cyclone.sql import QUERIES, current_schema, migrations
+from cyclone.testing_schemas import SchemaKeeper
 
 # Each query lists one kind of object of the schema %(schema)s as (key, definition) rows. The
 # definitions are PostgreSQL's own rendering, so two schemas made by different statements
@@ -194,6 +196,26 @@ def test_a_freshly_migrated_database_matches_schema_sql_exactly(schemas):
         "cyclone/sql/schema.sql no longer matches the migrations; write the change there too:\n"
         + "\n".join(differences)
     )
+
+
+def test_a_schema_made_ahead_for_a_testenv_matches_one_migrate_makes(schemas, pg_dsn):
+    conn, made = schemas
+    keeper = SchemaKeeper(pg_dsn)
+    try:
+        keeper.take()
+        deadline = time.monotonic() + 10
+        while (ahead := keeper.take()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        assert keeper.settle() == []
+    assert ahead is not None
+    made.append(ahead)
+    from_file = catalog(conn, _from_file(conn, made))
+    # On the search_path, as each schema is when its catalog is read (or its types would be
+    # written qualified with its name).
+    conn.execute("SELECT set_config('search_path', %s, false)", (ahead,))
+    differences = _differences(from_file, catalog(conn, ahead))
+    assert not differences, "\n".join(differences)
 
 
 @pytest.mark.parametrize(
