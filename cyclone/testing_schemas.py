@@ -29,6 +29,8 @@ from cyclone.sql import QUERIES, current_schema, migrations
 # Drops queued at most: past it a closing env drops its schema itself, so that tests faster
 # than the drops do not pile up schemas (and catalog rows) for the thread to catch up with.
 MAX_QUEUED_DROPS = 8
+# The keeper's session in pg_stat_activity.
+APPLICATION_NAME = "cyclone-test-schemas"
 # How long settle() waits for the thread to drop what is queued.
 SETTLE_TIMEOUT = 120.0
 
@@ -116,25 +118,30 @@ class SchemaKeeper:
             kind, name = job
             with self._cond:
                 self._current = name
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.base, autocommit=True)
-                if kind == "make":
-                    self._make(conn)
-                else:
-                    assert name is not None
-                    _drop(conn, name)
-            except Exception as exc:  # reported by settle(): never raised in the thread
-                if conn is not None:
-                    conn.close()
-                if kind == "drop":
-                    with self._cond:
-                        self._failures.append(f"could not drop schema {name}: {exc}")
-                # A schema not made is made by the next env itself (where a broken server
-                # raises in the test that needs it).
-            finally:
-                with self._cond:
-                    self._current = None
+            # A drop is tried again once on a new connection: a test may have ended this
+            # one's session (or restarted nothing but a backend).
+            for tries_left in (1, 0) if kind == "drop" else (0,):
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(
+                            self.base, autocommit=True, application_name=APPLICATION_NAME
+                        )
+                    if kind == "make":
+                        self._make(conn)
+                    else:
+                        assert name is not None
+                        _drop(conn, name)
+                    break
+                except Exception as exc:  # reported by settle(): never raised in the thread
+                    if conn is not None:
+                        conn.close()
+                    if kind == "drop" and not tries_left:
+                        with self._cond:
+                            self._failures.append(f"could not drop schema {name}: {exc}")
+                    # A schema not made is made by the next env itself (where a broken
+                    # server raises in the test that needs it).
+            with self._cond:
+                self._current = None
         if conn is not None:
             conn.close()
 

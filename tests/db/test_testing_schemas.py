@@ -104,6 +104,21 @@ def test_a_schema_that_cannot_be_dropped_is_named_when_the_keeper_settles(pg_dsn
     assert schemas_present(pg_dsn, [name]) == []
 
 
+def test_a_drop_goes_through_after_the_keepers_session_was_ended(pg_dsn, keeper):
+    name = made_ahead(keeper)
+    wait_made(keeper)  # the keeper is idle: the drop below is its next statement
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        ended = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
+            (testing_schemas.APPLICATION_NAME,),
+        ).fetchall()
+    assert ended  # the session that made the schema
+    assert keeper.drop(name)
+    assert keeper.settle() == []
+    assert schemas_present(pg_dsn, [name]) == []
+
+
 def test_a_settled_keeper_hands_out_nothing_and_queues_no_drop(pg_dsn, keeper):
     assert keeper.settle() == []
     assert keeper.take() is None
