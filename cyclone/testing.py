@@ -45,16 +45,17 @@ _LEASE_TTL = 60.0
 _MAX_TICK_STOPS = 100_000
 
 
+# What server_dsn() returned, once it has: read without calling it (which would start a server).
+_server_dsn_found: list[str] = []
+
+
 @functools.cache
 def server_dsn() -> str:
     """CYCLONE_TEST_DSN, else this install's embedded test server (checked and started once
     per process, then reused; see `cyclone.embedded.ensure_test_server`)."""
-    return os.environ.get("CYCLONE_TEST_DSN") or ensure_test_server()
-
-
-def _session_dsn() -> str | None:
-    """server_dsn() if this process has looked it up already (never starting a server)."""
-    return server_dsn() if server_dsn.cache_info().currsize else None
+    dsn = os.environ.get("CYCLONE_TEST_DSN") or ensure_test_server()
+    _server_dsn_found.append(dsn)
+    return dsn
 
 
 class TestEnv:
@@ -64,7 +65,7 @@ class TestEnv:
 
     def __init__(self, workflows: Iterable[Workflow] = (), dsn: str | None = None) -> None:
         base = dsn or server_dsn()
-        self._keeper = testing_schemas.keeper_for(base, _session_dsn())
+        self._keeper = testing_schemas.keeper_for(base, next(iter(_server_dsn_found), None))
         made = self._keeper.take() if self._keeper is not None else None
         self.schema = made or testing_schemas.new_name()
         if made is None:
