@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,7 +24,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from cyclone import engine, runner
+from cyclone import engine, runner, testing_schemas
 from cyclone.clients.aclient import AsyncClient
 from cyclone.clients.client import Client
 from cyclone.context import Effects
@@ -46,11 +45,17 @@ _LEASE_TTL = 60.0
 _MAX_TICK_STOPS = 100_000
 
 
+# What server_dsn() returned, once it has: read without calling it (which would start a server).
+_server_dsn_found: list[str] = []
+
+
 @functools.cache
 def server_dsn() -> str:
     """CYCLONE_TEST_DSN, else this install's embedded test server (checked and started once
     per process, then reused; see `cyclone.embedded.ensure_test_server`)."""
-    return os.environ.get("CYCLONE_TEST_DSN") or ensure_test_server()
+    dsn = os.environ.get("CYCLONE_TEST_DSN") or ensure_test_server()
+    _server_dsn_found.append(dsn)
+    return dsn
 
 
 class TestEnv:
@@ -60,15 +65,19 @@ class TestEnv:
 
     def __init__(self, workflows: Iterable[Workflow] = (), dsn: str | None = None) -> None:
         base = dsn or server_dsn()
-        self.schema = f"cyclone_test_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(base, autocommit=True) as admin:
-            admin.execute(sql.SQL(QUERIES["schema_create"]).format(sql.Identifier(self.schema)))
+        self._keeper = testing_schemas.keeper_for(base, next(iter(_server_dsn_found), None))
+        made = self._keeper.take() if self._keeper is not None else None
+        self.schema = made or testing_schemas.new_name()
+        if made is None:
+            with psycopg.connect(base, autocommit=True) as admin:
+                admin.execute(sql.SQL(QUERIES["schema_create"]).format(sql.Identifier(self.schema)))
         self._base = base
         self.dsn = make_conninfo(base, options=f"-c search_path={self.schema}")
         self._effects_conn: psycopg.Connection[Any] | None = None
         try:
             self.conn = connect(self.dsn)
-            migrate(self.conn)
+            if made is None:
+                migrate(self.conn)  # a schema made ahead was made as migrate makes a new one
             self.registry = Registry()
             self._offset = timedelta()
             self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
@@ -109,7 +118,9 @@ class TestEnv:
         self.conn.close()
         if self._effects_conn is not None:
             self._effects_conn.close()
-        self._drop_schema()
+        # Every session of the env is closed: the schema can go while the next test runs.
+        if self._keeper is None or not self._keeper.drop(self.schema):
+            self._drop_schema()
 
     def _drop_schema(self) -> None:
         with psycopg.connect(self._base, autocommit=True) as admin:

@@ -5,9 +5,10 @@ to statements by name only (`QUERIES["step_lease"]`), so the SQL can be read, re
 explained in one place. A block whose name starts with `_` is a fragment, not a statement: a
 line `-- include: _name` in another block is replaced by it, so shared SQL is written once.
 
-Two files here are not named blocks: `schema.sql`, the current schema written out for readers
-(the database is changed by migrations/ only; a test holds the two equal), and the numbered
-files of migrations/.
+Two files here are not named blocks: `schema.sql`, the current schema written out (for
+readers, and run by `migrate` to make a schema never migrated; a test holds it equal to what
+the migrations make), and the numbered files of migrations/, which change every database
+migrated before.
 """
 
 from __future__ import annotations

@@ -32,6 +32,11 @@ SELECT version FROM cyclone_migrations ORDER BY version;
 -- name: migration_record
 INSERT INTO cyclone_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: migration_record_all
+-- A schema made from schema.sql: every migration it stands for, recorded at once.
+INSERT INTO cyclone_migrations (version, name)
+SELECT * FROM unnest(%(versions)s::integer[], %(names)s::text[]);
+
 -- name: schema_create
 -- The test harness's private schema, named by a quoted identifier.
 CREATE SCHEMA {};

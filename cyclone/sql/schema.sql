@@ -1,10 +1,15 @@
 -- Cyclone's schema as it stands after the last migration: read this file to learn the tables.
 --
--- The database is changed only by the numbered files in migrations/ (`cyclone migrate`), never
--- by this file; it exists for readers, and tests/db/test_schema.py holds it to a freshly migrated
--- database, object by object (columns with their order, types, defaults and nullability;
--- constraints; indexes; functions; triggers; views). A migration that changes the schema must
--- change this file too. The loader of named statements (cyclone/sql/__init__.py) skips it.
+-- It is also how `migrate` makes a schema that was never migrated (no cyclone_migrations
+-- table): a fresh install, and every TestEnv, run this script in one transaction under the
+-- migration lock and record every migration as applied (cyclone/migrate.py). A database that
+-- was migrated before is changed only by the numbered files in migrations/. So this file must
+-- say exactly what the migrations make: tests/db/test_schema_file.py holds it to a database
+-- migrated file by file, object by object (columns with their order, types, defaults and
+-- nullability; constraints; indexes; functions with their ACLs; triggers; views; partitioning;
+-- sequences and where they stand) and row by row (the rows a migration inserts, such as the
+-- default queue). A migration that changes the schema, or writes a row or sets a sequence,
+-- must change this file too. The loader of named statements (cyclone/sql/__init__.py) skips it.
 --
 -- Every statement Cyclone runs against these tables is a named block in the other files of
 -- this folder; the views at the end are the public, read-only face (docs/sql.md). The
@@ -81,6 +86,7 @@ CREATE TABLE cyclone_queues (
     pass       bigint NOT NULL DEFAULT 0,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+INSERT INTO cyclone_queues (name) VALUES ('default');
 
 ------------------------------------------------------------------------------------------------
 -- Runs

@@ -70,16 +70,21 @@ def test_migrating_twice_applies_nothing_the_second_time(env: TestEnv):
     assert versions[-1] == latest_version()
 
 
-def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str):
+@pytest.mark.parametrize("each_file", [False, True], ids=["from_schema_sql", "file_by_file"])
+def test_concurrent_migrators_apply_each_migration_once(scratch_dsn: str, each_file: bool):
     results: list[list[int]] = []
     threads = [
-        threading.Thread(target=lambda: results.append(migrate(scratch_dsn))) for _ in range(4)
+        threading.Thread(target=lambda: results.append(migrate(scratch_dsn, each_file=each_file)))
+        for _ in range(4)
     ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert sorted(len(r) for r in results) == [0, 0, 0, len(migrations())]
+    with connect(scratch_dsn) as conn:
+        recorded = conn.execute("SELECT version FROM cyclone_migrations ORDER BY version")
+        assert [r["version"] for r in recorded] == [v for v, _, _ in migrations()]
 
 
 def test_version_3_keeps_the_rows_of_a_version_2_database(scratch_dsn: str):

@@ -1,8 +1,15 @@
-"""cyclone/sql/schema.sql is the schema a migrated database has, object by object."""
+"""cyclone/sql/schema.sql is the schema a migrated database has, object by object, row by row.
+
+`migrate` makes a schema never migrated from that file (as every TestEnv is made), so the
+comparison is between the two ways `migrate` has: the migration files one by one
+(`each_file=True`, as an older database is brought up to date) and schema.sql in one go.
+"""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +19,8 @@ import pytest
 from psycopg import sql
 
 from cyclone.migrate import migrate
-from cyclone.sql import QUERIES, current_schema
+from cyclone.sql import QUERIES, current_schema, migrations
+from cyclone.testing_schemas import SchemaKeeper
 
 # Each query lists one kind of object of the schema %(schema)s as (key, definition) rows. The
 # definitions are PostgreSQL's own rendering, so two schemas made by different statements
@@ -73,16 +81,53 @@ _CATALOG = {
                                  s.seqmin, s.seqmax, s.seqcycle)
           FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid
          WHERE c.relnamespace = %(schema)s::regnamespace""",
+    # Where a sequence stands: a migration's setval (the wake counters) is data, not DDL.
+    "sequence_value": """
+        SELECT sequencename, coalesce(last_value::text, 'not called')
+          FROM pg_sequences WHERE schemaname = %(schema)s""",
+    "partitioning": """
+        SELECT c.relname, coalesce(pg_get_partkeydef(c.oid), '')
+               || coalesce(' of ' || p.relname || ' ' || pg_get_expr(c.relpartbound, c.oid), '')
+          FROM pg_class c
+          LEFT JOIN pg_inherits i ON i.inhrelid = c.oid
+          LEFT JOIN pg_class p ON p.oid = i.inhparent
+         WHERE c.relnamespace = %(schema)s::regnamespace
+           AND (c.relkind = 'p' OR c.relispartition)""",
+    # The tables whose rows are compared ("rows" below), with the columns whose default is
+    # now(): their values are the moment of the migration, compared only for being there.
+    "rows": """
+        SELECT c.relname, coalesce(string_agg(a.attname, ' ') FILTER (
+                   WHERE pg_get_expr(d.adbin, d.adrelid) = 'now()'), '')
+          FROM pg_class c
+          JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+          LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+         WHERE c.relnamespace = %(schema)s::regnamespace AND c.relkind IN ('r', 'p')
+         GROUP BY c.relname""",
 }
 
 
 def catalog(conn: psycopg.Connection, schema: str) -> dict[str, str]:
-    """Every object of the schema, as 'kind name' -> definition, the schema's name left out."""
+    """Every object of the schema, as 'kind name' -> definition, the schema's name left out;
+    for a table, 'rows name' -> its rows (a seed row a migration inserts is part of it)."""
     out: dict[str, str] = {}
     for kind, query in _CATALOG.items():
         for key, definition in conn.execute(query, {"schema": schema}).fetchall():  # type: ignore[arg-type]
+            if kind == "rows":
+                definition = _rows(conn, schema, key, definition.split())
             out[f"{kind} {key}"] = definition.replace(schema, "<schema>")
     return out
+
+
+def _rows(conn: psycopg.Connection, schema: str, table: str, at_migration: list[str]) -> str:
+    query = sql.SQL("SELECT to_jsonb(t) FROM {}.{} t").format(
+        sql.Identifier(schema), sql.Identifier(table)
+    )
+    rows = []
+    for (row,) in conn.execute(query).fetchall():
+        for column in at_migration:
+            row[column] = row[column] is not None
+        rows.append(json.dumps(row, sort_keys=True))
+    return "\n".join(sorted(rows))
 
 
 @pytest.fixture
@@ -105,16 +150,30 @@ def _new_schema(conn: psycopg.Connection, made: list[str]) -> str:
 
 
 def _from_file(conn: psycopg.Connection, made: list[str]) -> str:
+    """A schema made as `migrate` makes a new one: from schema.sql, in one go."""
     name = _new_schema(conn, made)
-    with conn.transaction():
-        conn.execute(current_schema().encode())  # type: ignore[arg-type] - a whole script
-        conn.execute(QUERIES["migration_table_create"])
+    assert migrate(conn) == [version for version, _, _ in migrations()]
     return name
 
 
 def _migrated(conn: psycopg.Connection, made: list[str]) -> str:
+    """A schema made by the migration files, one by one."""
     name = _new_schema(conn, made)
-    migrate(conn)
+    applied: list[int] = []
+    # Run and recorded one by one: a file's own statements, not schema.sql's, made the schema.
+    execute = conn.execute
+
+    def recording(query, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if query == QUERIES["migration_record"]:
+            applied.append(args[0]["version"])
+        assert not (isinstance(query, bytes) and query == current_schema().encode())
+        return execute(query, *args, **kwargs)
+
+    conn.execute = recording  # type: ignore[method-assign]
+    try:
+        assert migrate(conn, each_file=True) == applied == [v for v, _, _ in migrations()]
+    finally:
+        del conn.execute
     return name
 
 
@@ -139,6 +198,26 @@ def test_a_freshly_migrated_database_matches_schema_sql_exactly(schemas):
     )
 
 
+def test_a_schema_made_ahead_for_a_testenv_matches_one_migrate_makes(schemas, pg_dsn):
+    conn, made = schemas
+    keeper = SchemaKeeper(pg_dsn)
+    try:
+        keeper.take()
+        deadline = time.monotonic() + 10
+        while (ahead := keeper.take()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        assert keeper.settle() == []
+    assert ahead is not None
+    made.append(ahead)
+    from_file = catalog(conn, _from_file(conn, made))
+    # On the search_path, as each schema is when its catalog is read (or its types would be
+    # written qualified with its name).
+    conn.execute("SELECT set_config('search_path', %s, false)", (ahead,))
+    differences = _differences(from_file, catalog(conn, ahead))
+    assert not differences, "\n".join(differences)
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -153,6 +232,11 @@ def test_a_freshly_migrated_database_matches_schema_sql_exactly(schemas):
         " || rtrim(pg_get_viewdef('cyclone_v_runs'), ';') || ' LIMIT 10'; END $$",
         "ALTER DOMAIN cyclone_node_kind ADD CHECK (VALUE <> 'map')",
         "GRANT EXECUTE ON FUNCTION cyclone_delete_finished(float8, integer, timestamptz) TO PUBLIC",
+        # What a migration writes besides DDL: seed rows, sequence values, the bookkeeping.
+        "DELETE FROM cyclone_queues",
+        "UPDATE cyclone_history_mark SET moved_to = 'epoch'",
+        "SELECT setval('cyclone_wake_timer', 1, true)",
+        "UPDATE cyclone_migrations SET name = 'other' WHERE version = 1",
     ],
 )
 def test_the_comparison_notices_a_schema_change_missing_from_the_file(schemas, change):

@@ -90,10 +90,15 @@ def test_find_a_failed_run_see_why_retry_it_and_watch_it_complete(
         driver.get(f"{base}/runs")
         _by(driver, "#f-error").send_keys("funds (ref ref-B)")
         _by(driver, "#f-apply").click()
-        links = _until(driver, lambda d: _all(d, "#runs td.id a"), "the filtered runs")
-        assert [a.text for a in links] == [runs["ref-B"]]
+        # The links are read in the wait: those of the page before the filter's went stale
+        # under a read after it (as CI saw once); only the filtered page lists ref-B alone.
+        _until(
+            driver,
+            lambda d: [a.text for a in _all(d, "#runs td.id a")] == [runs["ref-B"]],
+            "the filtered runs: ref-B's alone",
+        )
         _shoot(driver, tmp_path, "runs-filtered-desktop")
-        links[0].click()
+        _until(driver, lambda d: _by(d, "#runs td.id a").click() or True, "a click on ref-B")
         # Why it died: the kill reason and the whole error.
         assert _until(driver, lambda d: _by(d, "#kill-reason").text, "the reason") == "error"
         assert "card declined: insufficient funds (ref ref-B)" in _by(driver, "#failure-error").text

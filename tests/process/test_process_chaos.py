@@ -1,4 +1,4 @@
-"""bench/chaos.py --short: a minute of kills, freezes, terminated sessions, cancels and a
+"""bench/chaos.py --short: 45 s of kills, freezes, terminated sessions, cancels and a
 PostgreSQL restart against two real supervisors, then its checks (see the script's docstring).
 
 It runs on a private embedded server of its own (track_commit_timestamp = on, restarted with
