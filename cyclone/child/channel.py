@@ -36,6 +36,7 @@ import contextlib
 import json
 import logging
 import math
+import mmap
 import os
 import re
 import select
@@ -413,6 +414,9 @@ class LineBuffer:
         return kept
 
 
+# How much of the supervisor's lines one read takes (a large input arrives in several).
+READ_SIZE = 1 << 20
+
 # The child's channel once opened: `leave` announces the exit on it.
 _opened: Channel | None = None
 
@@ -427,6 +431,10 @@ class Channel:
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []
+        # Anonymous memory: its pages are taken only as lines fill them (a bytearray would be
+        # zeroed, all of it, at once).
+        self._buffer = mmap.mmap(-1, READ_SIZE)
+        self._view = memoryview(self._buffer)
         self.pid = os.getpid()
         global _opened
         _opened = self
@@ -461,7 +469,10 @@ class Channel:
             ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
             if not ready:
                 return None
-            data = os.read(self.fd, 1 << 20)
+            # Into a buffer made once: os.read(fd, 1 MiB) has the allocator map a fresh MiB,
+            # shrink it and unmap it for every line (three system calls and a page fault).
+            size = os.readv(self.fd, [self._buffer])
+            data = self._view[:size].tobytes()
             if not data:
                 raise EOFError("the supervisor closed the channel")
             self._received = self._incoming.feed(data)
