@@ -298,9 +298,10 @@ def decode(line: bytes) -> Message:
         data = codec.loads(body) if body else {}
         if not isinstance(data, dict):
             raise ProtocolError(f"bad {verb} message: not a JSON object")
-        names = _names(cls)
         # Fields this version does not know are left out: a newer peer's, or garbage.
-        data = {k: v for k, v in data.items() if k in names}
+        if not _NAME_SETS[cls].issuperset(data):
+            names = _names(cls)
+            data = {k: v for k, v in data.items() if k in names}
         for name, kind in _KINDS[cls].items():
             if name in data and not kind(data[name]):
                 raise ProtocolError(f"bad {verb} message: {name} is {_shown(data[name])}")
@@ -393,6 +394,12 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     },
     Exit: {"code": lambda v: type(v) is int and 0 <= v < 256},
 }  # fmt: skip
+
+
+# The fields each message may carry, to tell at once a line with none other (all of them).
+_NAME_SETS: dict[type[Any], frozenset[str]] = {
+    cls: frozenset(_names(cls)) for cls in _BY_VERB.values()
+}
 
 
 class LineBuffer:

@@ -178,6 +178,10 @@ def _lease_params(
     }
 
 
+# The kinds by value: NodeKind(value) goes through the enum's metaclass, on every lease.
+_NODE_KINDS = {kind.value: kind for kind in NodeKind}
+
+
 def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
     """The lease the `_lease_next` fragment's row carries, or None when it took none."""
     if row["id"] is None:
@@ -187,7 +191,7 @@ def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
         run_id=row["run_id"],
         workflow=row["workflow"],
         node=row["node"],
-        kind=NodeKind(row["kind"]),
+        kind=_NODE_KINDS.get(row["kind"]) or NodeKind(row["kind"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         token=row["lease_token"],
