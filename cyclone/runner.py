@@ -149,6 +149,8 @@ def execute(
             f"handler raised SystemExit({_safe_repr(exc.code)})\n{_describe(exc)}",
             kind=ErrorKind.CRASHED,
         )  # fmt: skip
+    if value is None:
+        return Outcome(ok=True, value=None, encoded="null")  # encode_json's, for every step
     what = f"value returned by {lease.workflow}/{lease.node}"
     try:
         encoded = encode_json(value, what)

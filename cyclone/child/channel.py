@@ -361,10 +361,13 @@ def _is_counts(v: Any) -> bool:
     return type(v) is dict and all(type(k) is str and _is_count(n) for k, n in v.items())
 
 
+_FINISHED = frozenset({"step_id", "token", "run_id", "output", "next", "last"})
+
+
 def _is_finished(v: Any) -> bool:
     """A dispatch.Finished's fields (see Worker.hand_over), as the dispatcher reads them."""
     return (
-        type(v) is dict and set(v) <= {"step_id", "token", "run_id", "output", "next", "last"}
+        type(v) is dict and _FINISHED.issuperset(v)
         and _is_id(v.get("step_id")) and _is_uuid(v.get("token")) and _is_uuid(v.get("run_id"))
         and "output" in v and type(v.get("next")) in (list, type(None))
         and type(v.get("last", False)) is bool
@@ -411,11 +414,16 @@ class LineBuffer:
         self.dropped = 0  # lines longer than max_line, left out (the reader decides what it means)
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._pending += data
-        *lines, self._pending = self._pending.split(b"\n")
+        if self._pending:
+            data = self._pending + data
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        whole = len(data) - len(self._pending)  # the whole lines' bytes, newlines included
         if len(self._pending) > self.max_line:
             self._pending = b""
             self.dropped += 1
+        if whole <= self.max_line:  # none of them can be too long: no length to check
+            return [line for line in lines if line]
         kept = [line for line in lines if line and len(line) <= self.max_line]
         self.dropped += sum(1 for line in lines if len(line) > self.max_line)
         return kept
