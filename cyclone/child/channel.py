@@ -40,8 +40,11 @@ import mmap
 import os
 import re
 import select
+import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import IntEnum
@@ -450,6 +453,8 @@ class Channel:
         # zeroed, all of it, at once).
         self._buffer = mmap.mmap(-1, READ_SIZE)
         self._view = memoryview(self._buffer)
+        self._timed = True  # reads wait on the socket's own timeout, set to _timeout (seconds)
+        self._timeout = 0.0
         self.pid = os.getpid()
         global _opened
         _opened = self
@@ -481,16 +486,57 @@ class Channel:
     def receive(self, timeout: float) -> Message | None:
         """The supervisor's next line, waiting at most `timeout`; EOFError once it is gone."""
         if not self._received:
-            ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
-            if not ready:
+            size = self._read(timeout)
+            if size is None:
                 return None
-            # Into a buffer made once: os.read(fd, 1 MiB) has the allocator map a fresh MiB,
-            # shrink it and unmap it for every line (three system calls and a page fault).
-            size = os.readv(self.fd, [self._buffer])
-            data = self._view[:size].tobytes()
-            if not data:
+            if not size:
                 raise EOFError("the supervisor closed the channel")
-            self._received = self._incoming.feed(data)
+            self._received = self._incoming.feed(self._view[:size].tobytes())
             if not self._received:
                 return None
         return decode(self._received.pop(0))
+
+    def _read(self, timeout: float) -> int | None:
+        """Read what came into the buffer, waiting at most `timeout`: how many bytes (0: the
+        supervisor is gone), or None when nothing came.
+
+        Into a buffer made once: os.read(fd, 1 MiB) has the allocator map a fresh MiB, shrink
+        it and unmap it for every line. One system call: a blocking read that the socket's
+        receive timeout (SO_RCVTIMEO) ends, where a select before every read made two. A
+        channel that is no socket (a pipe, in tests), or does not block, is waited on with
+        select (a read that does not block would return at once, and the caller spin)."""
+        if self._timed and timeout > 0:
+            if timeout != self._timeout:
+                self._set_timeout(timeout)
+            if self._timed:
+                start = time.monotonic()
+                try:
+                    return os.readv(self.fd, [self._buffer])
+                except BlockingIOError:
+                    waited = time.monotonic() - start
+                    if waited >= timeout / 2:
+                        return None
+                    self._timed = False  # it does not block: select from now on
+                    timeout -= waited
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
+        if not ready:
+            return None
+        return os.readv(self.fd, [self._buffer])
+
+    def _set_timeout(self, timeout: float) -> None:
+        try:
+            sock = socket.socket(fileno=self.fd)  # borrowed: detached below, never closed
+        except OSError:
+            self._timed = False
+            return
+        try:
+            whole = int(timeout)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                struct.pack("@ll", whole, max(1, int((timeout - whole) * 1e6))),
+            )  # fmt: skip
+            self._timeout = timeout
+        except OSError:
+            self._timed = False
+        finally:
+            sock.detach()
