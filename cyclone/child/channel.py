@@ -346,7 +346,8 @@ def _is_flag(v: Any) -> bool:
 
 
 def _maybe(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
+    inline = _MAYBE.get(check)
+    return inline if inline is not None else lambda v: v is None or check(v)
 
 
 def _is_object(v: Any) -> bool:
@@ -376,6 +377,15 @@ def _is_finished(v: Any) -> bool:
         and type(v.get("last", False)) is bool
     )  # fmt: skip
 
+
+# The same checks as _maybe(check) makes them, one call each instead of two: every line of a
+# step is checked field by field.
+_MAYBE: dict[Callable[[Any], bool], Callable[[Any], bool]] = {
+    _is_num: lambda v: v is None or (type(v) in (int, float) and math.isfinite(v)),
+    _is_flag: lambda v: v is None or type(v) is bool,
+    _is_object: lambda v: v is None or type(v) is dict,
+    _is_text: lambda v: v is None or type(v) is str,
+}
 
 _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     Ready: {},
