@@ -51,6 +51,7 @@ from enum import IntEnum
 from typing import Any, ClassVar, NoReturn
 
 from cyclone import codec
+from cyclone.frozen import quick_init
 
 # A longer line from a worker is garbage (or an attack on the supervisor's memory): it is
 # dropped. A finished step whose output would make a longer `want` line is recorded by its
@@ -93,6 +94,7 @@ class Ready:
     verb: ClassVar[str] = "ready"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Leased:
     verb: ClassVar[str] = "leased"
@@ -116,6 +118,7 @@ class Leased:
 EXPANDED = "expanded"  # Done.outcome of a map's row that made its items
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Done:
     verb: ClassVar[str] = "done"
@@ -133,6 +136,7 @@ class Done:
     token: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Scanned:
     """The scanner finished a pass: rows changed by each sweep, and when (wall clock, for the
@@ -145,6 +149,7 @@ class Scanned:
     counts: dict[str, int]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Idle:
     """The worker holds no step. Naming a step and its token, it gives back that lease (one
@@ -155,6 +160,7 @@ class Idle:
     token: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Want:
     """A worker waits for its next step (`lease` false: for the answer only, it is leaving),
@@ -169,6 +175,7 @@ class Want:
     park: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Given:
     """The supervisor's answer to a `want`: whether the finished step was recorded (None: not
@@ -186,6 +193,7 @@ class Given:
     taken: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Exit:
     """The child leaves with `code`, by its own decision (`leave`). An exit status that no

@@ -28,6 +28,7 @@ from cyclone.engine.advance import (
 )
 from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.engine.runs import submit_runs
+from cyclone.frozen import quick_init
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
 from cyclone.workflow import Graph, NodeSpec, concurrency_key
@@ -49,6 +50,7 @@ FULL_SCAN_EVERY = 0.05
 FLOOR_KEYS = ("after_priority", "after_pass", "after_id")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A leased step: what the worker needs to run it and to write its outcome."""
