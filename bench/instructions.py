@@ -33,7 +33,11 @@ With `--client` it counts the Python side instead, on the embedded test server: 
 own loop (bench/engine.py's) and a real worker process's loop (`cyclone.worker.loop.Worker`,
 its pipe read by this process, as the supervisor would), each run under callgrind for 300 and
 for 900 1-step steps. The difference per step is what a step costs that process; what the
-worker adds over the engine's loop is the runtime's own share of a step.
+worker adds over the engine's loop is the runtime's own share of a step. A third loop is a
+worker with dispatch on (`dispatch`), as the supervisor runs it by default: it asks for each
+step on a socket, and this process answers as the supervisor would, each `want` with one
+`steps_dispatch` statement (cyclone.engine.dispatch.dispatch) and a `given` line. Its count
+is the worker's own Python a dispatched step; the supervisor's is not in it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import pwd
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -276,10 +281,30 @@ def client_child(mode: str, dsn: str, steps: int, fd: int) -> int:
 
     options = WorkerOptions(
         number=1, dsn=dsn, lease_ttl=30.0, heartbeat_interval=5.0, poll_interval=0.1,
-        max_steps=steps,
+        max_steps=steps, dispatch=mode == "dispatch",
     )  # fmt: skip
     Worker(options, Registry([SHAPES[1]]), os.getppid()).run(fd)
     return 0
+
+
+def answer_wants(sock: socket.socket, conn: Any) -> None:
+    """Play a dispatching worker's supervisor until the worker leaves: each `want` is
+    answered with one steps_dispatch statement for it alone, as a `given` line."""
+    from cyclone.child import channel
+    from cyclone.engine.dispatch import Finished, dispatch
+    from cyclone.supervisor.dispatch import given_line
+
+    lines = channel.LineBuffer()
+    while data := sock.recv(1 << 20):
+        for line in lines.feed(data):
+            want = channel.decode(line)
+            if not isinstance(want, channel.Want):
+                continue
+            finished = [Finished(**want.finished)] if want.finished else []
+            sent = time.monotonic()
+            done = dispatch(conn, finished, ["bench"] if want.lease else [], lease_ttl=30.0)
+            recorded = want.finished["step_id"] in done.completed if want.finished else None
+            sock.sendall(given_line(recorded, done.leases.get(0), sent))
 
 
 def client_total(mode: str, steps: int, folder: Path) -> int:
@@ -288,16 +313,18 @@ def client_total(mode: str, steps: int, folder: Path) -> int:
         engine_fill(env, 1, steps + 10)  # here, outside valgrind: the fill is not counted
         env.conn.execute("VACUUM ANALYZE cyclone_runs, cyclone_steps")
         out = folder / f"{mode}-{steps}.out"
-        read_fd, write_fd = os.pipe()
+        ours, theirs = socket.socketpair()
         child = subprocess.Popen(
             ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
-             __file__, "--client-child", mode, env.dsn, str(steps), str(write_fd)],
-            pass_fds=[write_fd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+             __file__, "--client-child", mode, env.dsn, str(steps), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        os.close(write_fd)
-        while os.read(read_fd, 65536):  # the worker's messages, read as the supervisor would
-            pass
-        os.close(read_fd)
+        theirs.close()
+        with ours:
+            if mode == "dispatch":
+                answer_wants(ours, env.conn)
+            while ours.recv(65536):  # the worker's messages, read as the supervisor would
+                pass
         if child.wait() != 0:
             raise RuntimeError(f"the {mode} loop under valgrind failed")
         total = callgrind_totals(out)
@@ -313,10 +340,11 @@ def client_figures() -> None:
         short, long = CLIENT_STEPS
         print(f"Client instructions per 1-step step (callgrind, {short} and {long} steps):")
         found = {}
-        for mode in ("engine", "worker"):
+        for mode in ("engine", "worker", "dispatch"):
             totals = [client_total(mode, n, folder) for n in CLIENT_STEPS]
             found[mode] = (totals[1] - totals[0]) / (long - short)
-            print(f"  {mode} loop {found[mode] / 1000:9,.0f}k", flush=True)
+            label = "worker loop, dispatch on" if mode == "dispatch" else f"{mode} loop"
+            print(f"  {label} {found[mode] / 1000:9,.0f}k", flush=True)
         print(f"  the worker process adds {(found['worker'] - found['engine']) / 1000:,.0f}k")
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -34,6 +34,7 @@ from cyclone.engine import (
 from cyclone.engine.patches import patched
 from cyclone.engine.steps import DEFAULT_LEASE_TTL, Lease, child_concurrency
 from cyclone.errors import CycloneError, PayloadTooLarge, PermanentError
+from cyclone.frozen import quick_init
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
 from cyclone.workflow import _UNSET, Registry
@@ -43,6 +44,7 @@ Conn = psycopg.Connection[Any]
 _MAX_ERROR_CHARS = 4000
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Outcome:
     ok: bool
@@ -149,6 +151,8 @@ def execute(
             f"handler raised SystemExit({_safe_repr(exc.code)})\n{_describe(exc)}",
             kind=ErrorKind.CRASHED,
         )  # fmt: skip
+    if value is None:
+        return Outcome(ok=True, value=None, encoded="null")  # encode_json's, for every step
     what = f"value returned by {lease.workflow}/{lease.node}"
     try:
         encoded = encode_json(value, what)

@@ -36,17 +36,22 @@ import contextlib
 import json
 import logging
 import math
+import mmap
 import os
 import re
 import select
+import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import IntEnum
 from typing import Any, ClassVar, NoReturn
 
 from cyclone import codec
+from cyclone.frozen import quick_init
 
 # A longer line from a worker is garbage (or an attack on the supervisor's memory): it is
 # dropped. A finished step whose output would make a longer `want` line is recorded by its
@@ -89,6 +94,7 @@ class Ready:
     verb: ClassVar[str] = "ready"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Leased:
     verb: ClassVar[str] = "leased"
@@ -112,6 +118,7 @@ class Leased:
 EXPANDED = "expanded"  # Done.outcome of a map's row that made its items
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Done:
     verb: ClassVar[str] = "done"
@@ -129,6 +136,7 @@ class Done:
     token: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Scanned:
     """The scanner finished a pass: rows changed by each sweep, and when (wall clock, for the
@@ -141,6 +149,7 @@ class Scanned:
     counts: dict[str, int]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Idle:
     """The worker holds no step. Naming a step and its token, it gives back that lease (one
@@ -151,6 +160,7 @@ class Idle:
     token: str | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Want:
     """A worker waits for its next step (`lease` false: for the answer only, it is leaving),
@@ -165,6 +175,7 @@ class Want:
     park: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Given:
     """The supervisor's answer to a `want`: whether the finished step was recorded (None: not
@@ -182,6 +193,7 @@ class Given:
     taken: bool = False
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Exit:
     """The child leaves with `code`, by its own decision (`leave`). An exit status that no
@@ -297,9 +309,10 @@ def decode(line: bytes) -> Message:
         data = codec.loads(body) if body else {}
         if not isinstance(data, dict):
             raise ProtocolError(f"bad {verb} message: not a JSON object")
-        names = _names(cls)
         # Fields this version does not know are left out: a newer peer's, or garbage.
-        data = {k: v for k, v in data.items() if k in names}
+        if not _NAME_SETS[cls].issuperset(data):
+            names = _names(cls)
+            data = {k: v for k, v in data.items() if k in names}
         for name, kind in _KINDS[cls].items():
             if name in data and not kind(data[name]):
                 raise ProtocolError(f"bad {verb} message: {name} is {_shown(data[name])}")
@@ -341,7 +354,8 @@ def _is_flag(v: Any) -> bool:
 
 
 def _maybe(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: v is None or check(v)
+    inline = _MAYBE.get(check)
+    return inline if inline is not None else lambda v: v is None or check(v)
 
 
 def _is_object(v: Any) -> bool:
@@ -359,15 +373,27 @@ def _is_counts(v: Any) -> bool:
     return type(v) is dict and all(type(k) is str and _is_count(n) for k, n in v.items())
 
 
+_FINISHED = frozenset({"step_id", "token", "run_id", "output", "next", "last"})
+
+
 def _is_finished(v: Any) -> bool:
     """A dispatch.Finished's fields (see Worker.hand_over), as the dispatcher reads them."""
     return (
-        type(v) is dict and set(v) <= {"step_id", "token", "run_id", "output", "next", "last"}
+        type(v) is dict and _FINISHED.issuperset(v)
         and _is_id(v.get("step_id")) and _is_uuid(v.get("token")) and _is_uuid(v.get("run_id"))
         and "output" in v and type(v.get("next")) in (list, type(None))
         and type(v.get("last", False)) is bool
     )  # fmt: skip
 
+
+# The same checks as _maybe(check) makes them, one call each instead of two: every line of a
+# step is checked field by field.
+_MAYBE: dict[Callable[[Any], bool], Callable[[Any], bool]] = {
+    _is_num: lambda v: v is None or (type(v) in (int, float) and math.isfinite(v)),
+    _is_flag: lambda v: v is None or type(v) is bool,
+    _is_object: lambda v: v is None or type(v) is dict,
+    _is_text: lambda v: v is None or type(v) is str,
+}
 
 _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
     Ready: {},
@@ -394,6 +420,12 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
 }  # fmt: skip
 
 
+# The fields each message may carry, to tell at once a line with none other (all of them).
+_NAME_SETS: dict[type[Any], frozenset[str]] = {
+    cls: frozenset(_names(cls)) for cls in _BY_VERB.values()
+}
+
+
 class LineBuffer:
     """Collects bytes read from a pipe and hands out whole lines."""
 
@@ -403,15 +435,23 @@ class LineBuffer:
         self.dropped = 0  # lines longer than max_line, left out (the reader decides what it means)
 
     def feed(self, data: bytes) -> list[bytes]:
-        self._pending += data
-        *lines, self._pending = self._pending.split(b"\n")
+        if self._pending:
+            data = self._pending + data
+        lines = data.split(b"\n")
+        self._pending = lines.pop()
+        whole = len(data) - len(self._pending)  # the whole lines' bytes, newlines included
         if len(self._pending) > self.max_line:
             self._pending = b""
             self.dropped += 1
+        if whole <= self.max_line:  # none of them can be too long: no length to check
+            return [line for line in lines if line]
         kept = [line for line in lines if line and len(line) <= self.max_line]
         self.dropped += sum(1 for line in lines if len(line) > self.max_line)
         return kept
 
+
+# How much of the supervisor's lines one read takes (a large input arrives in several).
+READ_SIZE = 1 << 20
 
 # The child's channel once opened: `leave` announces the exit on it.
 _opened: Channel | None = None
@@ -427,6 +467,12 @@ class Channel:
         # The supervisor's lines carry a step's input: no bound but the supervisor's own.
         self._incoming = LineBuffer(max_line=1 << 40)
         self._received: list[bytes] = []
+        # Anonymous memory: its pages are taken only as lines fill them (a bytearray would be
+        # zeroed, all of it, at once).
+        self._buffer = mmap.mmap(-1, READ_SIZE)
+        self._view = memoryview(self._buffer)
+        self._timed = True  # reads wait on the socket's own timeout, set to _timeout (seconds)
+        self._timeout = 0.0
         self.pid = os.getpid()
         global _opened
         _opened = self
@@ -458,13 +504,57 @@ class Channel:
     def receive(self, timeout: float) -> Message | None:
         """The supervisor's next line, waiting at most `timeout`; EOFError once it is gone."""
         if not self._received:
-            ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
-            if not ready:
+            size = self._read(timeout)
+            if size is None:
                 return None
-            data = os.read(self.fd, 1 << 20)
-            if not data:
+            if not size:
                 raise EOFError("the supervisor closed the channel")
-            self._received = self._incoming.feed(data)
+            self._received = self._incoming.feed(self._view[:size].tobytes())
             if not self._received:
                 return None
         return decode(self._received.pop(0))
+
+    def _read(self, timeout: float) -> int | None:
+        """Read what came into the buffer, waiting at most `timeout`: how many bytes (0: the
+        supervisor is gone), or None when nothing came.
+
+        Into a buffer made once: os.read(fd, 1 MiB) has the allocator map a fresh MiB, shrink
+        it and unmap it for every line. One system call: a blocking read that the socket's
+        receive timeout (SO_RCVTIMEO) ends, where a select before every read made two. A
+        channel that is no socket (a pipe, in tests), or does not block, is waited on with
+        select (a read that does not block would return at once, and the caller spin)."""
+        if self._timed and timeout > 0:
+            if timeout != self._timeout:
+                self._set_timeout(timeout)
+            if self._timed:
+                start = time.monotonic()
+                try:
+                    return os.readv(self.fd, [self._buffer])
+                except BlockingIOError:
+                    waited = time.monotonic() - start
+                    if waited >= timeout / 2:
+                        return None
+                    self._timed = False  # it does not block: select from now on
+                    timeout -= waited
+        ready, _, _ = select.select([self.fd], [], [], max(timeout, 0.0))
+        if not ready:
+            return None
+        return os.readv(self.fd, [self._buffer])
+
+    def _set_timeout(self, timeout: float) -> None:
+        try:
+            sock = socket.socket(fileno=self.fd)  # borrowed: detached below, never closed
+        except OSError:
+            self._timed = False
+            return
+        try:
+            whole = int(timeout)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                struct.pack("@ll", whole, max(1, int((timeout - whole) * 1e6))),
+            )  # fmt: skip
+            self._timeout = timeout
+        except OSError:
+            self._timed = False
+        finally:
+            sock.detach()

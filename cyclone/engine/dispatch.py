@@ -29,6 +29,7 @@ from cyclone.engine.steps import (
     _LeaseFloor,
 )
 from cyclone.errors import PayloadTooDeep
+from cyclone.frozen import quick_init
 from cyclone.sql import QUERIES, numbered
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 Conn = psycopg.Connection[Any]
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Finished:
     """A task a worker finished, to be completed by `dispatch`.
@@ -74,6 +76,7 @@ def finished_of(conn: Conn, lease: Lease, output: Any) -> Finished | None:
     return None if text is None else Finished(**codec.loads(text))
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Dispatched:
     """What one statement did: the steps it completed, and a lease row per worker served

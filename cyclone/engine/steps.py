@@ -28,6 +28,7 @@ from cyclone.engine.advance import (
 )
 from cyclone.engine.graphs import current_graph, graph_by_hash
 from cyclone.engine.runs import submit_runs
+from cyclone.frozen import quick_init
 from cyclone.sql import QUERIES
 from cyclone.states import ErrorKind, NodeKind
 from cyclone.workflow import Graph, NodeSpec, concurrency_key
@@ -49,6 +50,7 @@ FULL_SCAN_EVERY = 0.05
 FLOOR_KEYS = ("after_priority", "after_pass", "after_id")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Lease:
     """A leased step: what the worker needs to run it and to write its outcome."""
@@ -178,6 +180,10 @@ def _lease_params(
     }
 
 
+# The kinds by value: NodeKind(value) goes through the enum's metaclass, on every lease.
+_NODE_KINDS = {kind.value: kind for kind in NodeKind}
+
+
 def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
     """The lease the `_lease_next` fragment's row carries, or None when it took none."""
     if row["id"] is None:
@@ -187,7 +193,7 @@ def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
         run_id=row["run_id"],
         workflow=row["workflow"],
         node=row["node"],
-        kind=NodeKind(row["kind"]),
+        kind=_NODE_KINDS.get(row["kind"]) or NodeKind(row["kind"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         token=row["lease_token"],

@@ -104,6 +104,8 @@ AHEAD = 4
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
+# Worker names kept made (name_of), a few times a step each.
+NAMES_KEPT = 1024
 _OWN = b'given {"own":true}\n'
 # No lease, nothing recorded: for a finished task, "record it yourself" (its batch failed); for
 # a bare want, "no step" (the worker is leaving, or the VM drains).
@@ -312,6 +314,7 @@ class Dispatcher:
         self.first_at = 0.0
         self.host = socket.gethostname()
         self.pid = os.getpid()
+        self.names: dict[tuple[int, int], str] = {}  # name_of's, by worker number and pid
         self.ready: list[Ready] = []
         self.stale: list[Ready] = []  # to give back, with the next free session
         self.taken: list[Taken] = []
@@ -384,10 +387,11 @@ class Dispatcher:
     def hand_over(self, arbiter: Handles) -> None:
         """Answer at once each worker that finished a task, from the leases taken ahead."""
         now = time.monotonic()
-        fresh: list[Ready] = []
-        for ready in self.ready:
-            (fresh if ready.fresh(now, arbiter.generation) else self.stale).append(ready)
-        self.ready = fresh
+        if self.ready:
+            fresh: list[Ready] = []
+            for ready in self.ready:
+                (fresh if ready.fresh(now, arbiter.generation) else self.stale).append(ready)
+            self.ready = fresh
         if self.stale and (session := self.free_session()) is not None:
             stale, self.stale = self.stale, []
             try:
@@ -419,7 +423,13 @@ class Dispatcher:
 
     def name_of(self, handle: Any) -> str:
         """The worker's name in leased_by: what it would write itself (child/proctitle.py)."""
-        return worker_name(self.host, self.pid, handle.number, handle.pid)
+        key = (handle.number, handle.pid)
+        name = self.names.get(key)
+        if name is None:
+            if len(self.names) >= NAMES_KEPT:
+                self.names.clear()  # workers come and go: the live ones are made again
+            name = self.names[key] = worker_name(self.host, self.pid, handle.number, handle.pid)
+        return name
 
     def take_ready(self, name: str) -> Ready:
         """The lease taken ahead in this worker's name, else the oldest."""

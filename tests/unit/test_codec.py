@@ -36,3 +36,24 @@ def test_it_reads_what_only_the_json_module_takes() -> None:
 def test_malformed_text_raises_a_value_error(text: str) -> None:
     with pytest.raises(ValueError):
         codec.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12345678901234567890123", "-9223372036854775809", " 18446744073709551616",
+        "[1,-12345678901234567890123]", '{"a":\t98765432109876543210}',
+        "[\n1234567890123456789012]",
+        '{"duration":0.00041234567890123456,"n":123456789012345678901}',
+    ],
+)  # fmt: skip
+def test_an_integer_past_64_bits_stays_whole_wherever_it_stands(text: str) -> None:
+    assert codec.loads(text) == json.loads(text)
+    assert codec.loads(text.encode()) == json.loads(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["0.00041234567890123456", "[1.5e0000000000000000001, 0.000123456789012345678]"]
+)
+def test_long_fractions_and_exponents_read_as_json_reads_them(text: str) -> None:
+    assert codec.loads(text) == json.loads(text)

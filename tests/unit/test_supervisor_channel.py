@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import time
 from dataclasses import asdict
 
 import pytest
@@ -127,6 +129,44 @@ def test_a_channel_announces_its_childs_exit_and_never_waits_long_for_its_lock()
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+GIVEN = b'given {"recorded":true,"since":1.5}\n'
+
+
+@pytest.mark.parametrize("kind", ["socket", "nonblocking socket", "pipe"])
+def test_a_worker_waits_for_its_answer_as_long_as_told_and_reads_it_at_once(kind: str) -> None:
+    """The worker's reads wait on the socket's own receive timeout (one system call a line):
+    it gives up after `timeout` and not sooner, reads a line that comes, and takes an EOF for
+    its supervisor gone. A pipe, or a socket that does not block, is waited on with select:
+    without that a read would return at once and the caller spin."""
+    if kind == "pipe":
+        theirs_fd, ours_fd = os.pipe()
+        write, close = (lambda data: os.write(ours_fd, data)), (lambda: os.close(ours_fd))
+    else:
+        sup, worker = socket.socketpair()
+        theirs_fd = worker.fileno()
+        if kind == "nonblocking socket":
+            worker.setblocking(False)
+        write, close = sup.sendall, sup.close
+    ours = channel.Channel(theirs_fd)
+    try:
+        for timeout in (0.05, 0.1, 0.05):
+            start = time.monotonic()
+            assert ours.receive(timeout) is None
+            assert timeout * 0.9 <= time.monotonic() - start < timeout + 0.5
+        write(GIVEN + GIVEN[:10])
+        assert ours.receive(5.0) == channel.Given(recorded=True, since=1.5)
+        write(GIVEN[10:])
+        assert ours.receive(5.0) == channel.Given(recorded=True, since=1.5)
+        assert ours._timed is (kind == "socket")
+        close()
+        with pytest.raises(EOFError):
+            ours.receive(5.0)
+    finally:
+        os.close(theirs_fd)
+        if kind != "pipe":
+            worker.detach()
 
 
 def test_exit_statuses_are_decoded_with_the_wif_helpers() -> None:
