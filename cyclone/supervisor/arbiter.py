@@ -464,6 +464,15 @@ class Arbiter:
                     format_elapsed(self.clock() - lease.leased_at), kill.reason,
                     RUN_ENDED.get(kill.reason, ""), extra=step_extra(lease, "record"),
                 )  # fmt: skip
+        elif (
+            lease is not None
+            and status.code == channel.ExitCode.LEASE_LOST
+            and exit_by(handle, status) is ExitBy.CHILD
+            and self.renewals_failing
+        ):
+            # Its keeper stopped it, its lease not renewed, a moment before our kill for the
+            # lost session would have (which wins is a matter of scheduling): the same outcome.
+            self.release(lease, KillReason.LOST_SESSION)
         elif lease is not None:
             # Died on its own mid-step (or mid a step leased after the one we killed it for).
             self.record(lease, ErrorKind.CRASHED, describe_exit(handle, status))

@@ -195,3 +195,22 @@ def test_the_restart_metric_names_a_handlers_exit() -> None:
     text = generate_latest(metrics.registry)
     assert b'cyclone_worker_restarts_total{reason="handler_exit"} 1.0' in text
     assert b'cyclone_worker_restarts_total{reason="boot_error"} 1.0' in text
+
+
+def test_a_lease_lost_exit_while_renewals_fail_releases_the_step_as_our_kill_would(
+    h: Harness,
+) -> None:
+    """The worker's keeper and the supervisor's kill for the lost session race to stop a step
+    whose lease is not being renewed: either way, the attempt is not spent."""
+    pid = booted_worker(h)
+    h.lease(pid)
+    h.arbiter.renewal_failed(OSError("the database is down"))
+    h.leave(pid, ExitCode.LEASE_LOST)
+    assert h.store.released == [(7, tok(7))] and h.store.failed == []
+
+
+def test_a_lease_lost_exit_with_renewals_working_is_still_recorded_as_a_crash(h: Harness) -> None:
+    pid = booted_worker(h)
+    h.lease(pid)
+    h.leave(pid, ExitCode.LEASE_LOST)
+    assert h.store.released == [] and [f[2] for f in h.store.failed] == [ErrorKind.CRASHED]
