@@ -151,8 +151,6 @@ def execute(
             f"handler raised SystemExit({_safe_repr(exc.code)})\n{_describe(exc)}",
             kind=ErrorKind.CRASHED,
         )  # fmt: skip
-    if value is None:
-        return Outcome(ok=True, value=None, encoded="null")  # encode_json's, for every step
     what = f"value returned by {lease.workflow}/{lease.node}"
     try:
         encoded = encode_json(value, what)

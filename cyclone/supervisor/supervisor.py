@@ -234,6 +234,11 @@ class Supervisor:
         self.selector.register(own, selectors.EVENT_READ, data)
         return own
 
+    def drop_listener(self) -> None:
+        self.unwatch_session(self.listener_fd)
+        self.listener_fd = -1
+        self.listener.close()
+
     def unwatch_session(self, own: int) -> None:
         if own < 0:
             return
@@ -458,9 +463,7 @@ class Supervisor:
             return
         self.next_listen_at = now + LISTEN_RETRY
         if self.listener.conn is not None:
-            self.unwatch_session(self.listener_fd)
-            self.listener_fd = -1
-            self.listener.close()
+            self.drop_listener()
         try:
             working = self.listener.open()
         except psycopg.Error as exc:
@@ -523,9 +526,7 @@ class Supervisor:
                 return True
         except psycopg.Error as exc:
             log.warning("LISTEN connection lost: %s", exc)
-            self.unwatch_session(self.listener_fd)
-            self.listener_fd = -1
-            self.listener.close()
+            self.drop_listener()
             self.arbiter.set_notifications(False)
             return True
         return False  # nothing, or a notification the debounce keeps for later

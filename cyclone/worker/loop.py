@@ -225,12 +225,16 @@ class Worker:
             self.trace_ids.popitem(last=False)
         return found
 
-    def connect(self, name: str = "cyclone-worker") -> psycopg.Connection[Any]:
+    def connect(
+        self, name: str = "cyclone-worker", *, generic: bool = True
+    ) -> psycopg.Connection[Any]:
+        """A session of this worker; `generic`: it runs Cyclone's statements only, each planned
+        once (a handler's own SQL, on the effects session, keeps the server's planning)."""
         keepalive = max(int(self.options.heartbeat_interval), 1)
         # A transaction left open (a handler's, by a worker frozen mid-step) holds its locks
         # no longer than a lease: its session is ended and the transaction rolled back.
         options = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
-        if name == "cyclone-worker":  # Cyclone's statements only: not a handler's own SQL
+        if generic:
             options += f" {GENERIC_PLANS}"
         return connect(
             with_options(self.options.dsn, options), f"{name}-{self.options.number}",
@@ -364,7 +368,7 @@ class Worker:
         """The session handlers' fenced transactions run on, opened on first use."""
         conn = self.effects_conn
         if conn is None or conn.closed or conn.broken:
-            conn = self.effects_conn = self.connect("cyclone-effects")
+            conn = self.effects_conn = self.connect("cyclone-effects", generic=False)
             conn.autocommit = False
         return conn
 

@@ -43,7 +43,10 @@ def ghost(watch) -> list[int]:
             os.dup2(quiet.fileno(), number)
             quiet.close()
             quiet = socket.socket(fileno=number)
-        loop.unwatch(watched) if watched == number else Supervisor.unwatch_session(loop, watched)
+        if watched == number:  # the socket itself was watched: only its number is left
+            loop.unwatch(watched)
+        else:
+            Supervisor.unwatch_session(loop, watched)
         loop.selector.register(number, selectors.EVENT_READ, "child")
         return [key.fd for key, _ in loop.selector.select(0)]
     finally:
