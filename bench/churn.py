@@ -1,12 +1,16 @@
 """Churn: steady submission at a set rate for N minutes with retention on. Prints figures.
 
-    python bench/churn.py [--rate 400] [--minutes 30] [--retention 60] [--history-after 10]
-                          [--workers 4] [--window 30] [--dsn DSN]
+    python bench/churn.py [--rate auto|RUNS_PER_S] [--share 0.8] [--minutes 30] [--retention 60]
+                          [--history-after 10] [--workers 4] [--window 30] [--dsn DSN]
 
 A fresh schema, a real `cyclone-supervisor` (`--workers` workers and its scanner, `[scanner]
 retention` and `history_after` as given; `--history-after 0` is the old way: runs stay hot
 until retention deletes them), and one-step no-op runs submitted through `Client.submit_many`
-at `--rate` runs/s, in batches every 100 ms, for `--minutes`. Every `--window` seconds a line:
+at `--rate` runs/s, in batches every 100 ms, for `--minutes`. `--rate auto` (the default)
+first measures the drain rate of this very setup (same config, retention on, a fresh schema):
+runs submitted through `submit_many` as fast as they drain, keeping a backlog of a few seconds,
+for 90 s, the completions of the last 60 s counted; the churn then submits at `--share` (80%)
+of it. Every `--window` seconds a line:
 completions/s in the window, rows and bytes (table + indexes + TOAST) of the hot tables and of
 history, dead tuples of the hot tables, autovacuum runs so far on them, and how long the oldest
 due step has waited. At the end: the first and last windows' completion rates and their ratio,
@@ -28,10 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cyclone.client import Client
+import psycopg
 from launch import Supervisor
 from runtime import bench_1step
 
+from cyclone import Client
 from cyclone.testing import TestEnv, server_dsn
 
 CONFIG = """
@@ -117,6 +122,46 @@ class Submitter(threading.Thread):
                 self.stopping.wait(0.1)
 
 
+class Saturator(threading.Thread):
+    """Keeps about `backlog` runs not yet ended, through the public API, until stopped."""
+
+    def __init__(self, dsn: str, backlog: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.backlog, self.sent = dsn, backlog, 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Client(self.dsn) as client, psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stopping.is_set():
+                live = int(conn.execute(LIVE).fetchone()[0])  # type: ignore[index]
+                if live < self.backlog:
+                    n = min(self.backlog - live, 2000)
+                    client.submit_many(bench_1step, [None] * n)
+                    self.sent += n
+                self.stopping.wait(0.05)
+
+
+def drain_rate(dsn: str, config: str, seconds: float = 90.0, counted: float = 60.0) -> float:
+    """Completions/s of this setup kept busy through the public API (a fresh schema)."""
+    with TestEnv(dsn=dsn) as env, tempfile.TemporaryDirectory() as tmp:
+        env.register(bench_1step)
+        sup = Supervisor(env.dsn, Path(tmp), config)
+        sat = Saturator(env.dsn, backlog=6000)
+        try:
+            sat.start()
+            time.sleep(seconds - counted)
+            t0, done0 = time.monotonic(), sat.sent - int(row(env, LIVE)["n"])
+            env.conn.commit()
+            time.sleep(counted)
+            t1, done1 = time.monotonic(), sat.sent - int(row(env, LIVE)["n"])
+            env.conn.commit()
+        finally:
+            sat.stopping.set()
+            sat.join(10)
+            sup.stop()
+    return (done1 - done0) / (t1 - t0)
+
+
 def measure(env: TestEnv, submitter: Submitter) -> dict[str, Any]:
     sent = submitter.sent
     out: dict[str, Any] = {"completed": sent - int(row(env, LIVE)["n"])}
@@ -141,7 +186,8 @@ def mib(n: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rate", type=float, default=400.0)
+    parser.add_argument("--rate", default="auto", help="runs/s, or auto: --share of the drain")
+    parser.add_argument("--share", type=float, default=0.8)
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--retention", type=float, default=60.0)
     parser.add_argument("--history-after", type=float, default=10.0)
@@ -152,10 +198,18 @@ def main() -> int:
     # A SIGTERM ends the run as ^C does: the supervisor stopped, the schema dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sweep_period = 1.0  # [scanner] interval: the history sweep runs every pass
-    with TestEnv(dsn=args.dsn or server_dsn()) as env, tempfile.TemporaryDirectory() as tmp:
+    dsn = args.dsn or server_dsn()
+    config = CONFIG.format(workers=args.workers, retention=args.retention,
+                           history_after=args.history_after)  # fmt: skip
+    if args.rate == "auto":
+        drained = drain_rate(dsn, config)
+        args.rate = round(drained * args.share)
+        print(f"drain rate of this setup, kept busy through submit_many: {drained:.0f} runs/s;"
+              f" churn at {args.share:.0%} of it: {args.rate} runs/s", flush=True)  # fmt: skip
+    else:
+        args.rate = float(args.rate)
+    with TestEnv(dsn=dsn) as env, tempfile.TemporaryDirectory() as tmp:
         env.register(bench_1step)
-        config = CONFIG.format(workers=args.workers, retention=args.retention,
-                               history_after=args.history_after)  # fmt: skip
         sup = Supervisor(env.dsn, Path(tmp), config)
         submitter = Submitter(env.dsn, args.rate)
         print(

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from churn import CONFIG
-from cyclone.client import Client
 from launch import Supervisor
 from runtime import bench_1step
 
+from cyclone import Client
 from cyclone.testing import TestEnv, server_dsn
 
 # The churn's supervisor, with history and retention off: nothing leaves the tables.
