@@ -61,7 +61,7 @@ from typing import Any
 from engine import BATCH, SHAPES, SYSTEMS, _noop, baseline_fill, connect, engine_fill
 
 from cyclone import Client, Concurrency, Workflow
-from cyclone.db import GENERIC_PLANS, with_options
+from cyclone.db import HOT_PLANS, with_options
 from cyclone.engine import steps as steps_module
 from cyclone.testing import TestEnv, server_dsn
 
@@ -197,7 +197,7 @@ def backend_total(folder: Path, pid: int) -> int:
 
 def drain(dsn: str, folder: Path, system: str, shape: int, steps: int) -> int:
     # The engine's session plans its statements once, as a worker's and the dispatcher's do.
-    conn: Any = connect(system, with_options(dsn, GENERIC_PLANS) if system == "engine" else dsn)
+    conn: Any = connect(system, with_options(dsn, HOT_PLANS) if system == "engine" else dsn)
     pid = conn.info.backend_pid
     step = SYSTEMS[system][0](conn, "bench", shape)
     for _ in range(steps):

@@ -163,11 +163,18 @@ def connect(dsn: str, name: str = "cyclone", **kwargs: Any) -> psycopg.Connectio
     )
 
 
-# The server option that plans each of a session's prepared statements once: the plan cache
-# otherwise compares the first custom plans with the generic one and may keep planning anew at
-# every execution (a statement of a dozen CTEs costs more to plan than to run). Every statement
-# Cyclone's sessions run is held to the same bounds in its generic plan (tests/db/test_plans.py).
-GENERIC_PLANS = "-c plan_cache_mode=force_generic_plan"
+# The server options of the sessions that run the hot path (the dispatcher's, the workers',
+# the scanner's). plan_cache_mode plans each prepared statement once: the plan cache otherwise
+# compares the first custom plans with the generic one and may keep planning anew at every
+# execution (a statement of a dozen CTEs costs more to plan than to run). A plan made once must
+# not hang on the tables' size when it was made: on a fresh install the supervisor plans while
+# the tables are empty and never analyzed, and the burst that follows was walked by sequential
+# scans (of the steps and runs, for each dispatch) until autovacuum analyzed them and the plans
+# were made again, a minute on. enable_seqscan off leaves the planner the indexes each
+# statement is written for, whatever its estimates. tests/db/test_plans.py holds every
+# statement to the same bounds in such a plan, as in the generic and custom plans of four
+# states of the statistics.
+HOT_PLANS = "-c plan_cache_mode=force_generic_plan -c enable_seqscan=off"
 
 
 def with_options(dsn: str, options: str) -> str:

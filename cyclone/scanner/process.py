@@ -31,6 +31,7 @@ from cyclone.child.process import (
 )
 from cyclone.child.proctitle import scanner_title, set_title
 from cyclone.child.session import connect_briefly
+from cyclone.db import HOT_PLANS, with_options
 from cyclone.engine.sweeps import enabled_sweeps
 from cyclone.outage import OutageLog
 from cyclone.scanner.base import Sweeper
@@ -126,7 +127,8 @@ class Scanner:
 
     def connect(self) -> psycopg.Connection[Any]:
         return connect_briefly(
-            self.options.dsn, int(self.options.statement_timeout * 1000), name="cyclone-scanner",
+            with_options(self.options.dsn, HOT_PLANS), int(self.options.statement_timeout * 1000),
+            name="cyclone-scanner",
             connect_timeout=CONNECT_TIMEOUT,
         )  # fmt: skip
 

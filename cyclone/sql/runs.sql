@@ -61,17 +61,23 @@ WITH wf AS (
            row_number() OVER (PARTITION BY coalesce(v.ckey, '') ORDER BY v.n) AS rank
       FROM unnest(%(ids)s::uuid[], %(inputs)s::text[], %(ckeys)s::text[])
            WITH ORDINALITY AS v (id, input, ckey, n)
-), groups AS (
+), groups AS MATERIALIZED (
     -- With a concurrency limit, the key's active runs too: the caller holds the key's lock
     -- (concurrency_lock, a statement before this one), so the count is exact.
+    -- MATERIALIZED: once per group, not once per run joined to it. The last pass is the first
+    -- entry of cyclone_runs_fair_idx read backward; written as max(), the planner may count
+    -- every live run of the workflow instead (a bitmap scan, when its statistics say few), and
+    -- a submit then costs what the backlog holds (issue 25's churn stalled on it).
     SELECT g.ckey,
            greatest(
-               (SELECT max(r.pass) FROM cyclone_runs r
+               (SELECT r.pass FROM cyclone_runs r
                  WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-                   AND r.queued = false AND r.pass > 0),
-               (SELECT max(r.pass) FROM cyclone_runs r
+                   AND r.queued = false AND r.pass > 0
+                 ORDER BY r.pass DESC LIMIT 1),
+               (SELECT r.pass FROM cyclone_runs r
                  WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-                   AND r.queued = true AND r.pass > 0)) AS last,
+                   AND r.queued = true AND r.pass > 0
+                 ORDER BY r.pass DESC LIMIT 1)) AS last,
            CASE WHEN %(climit)s::integer IS NOT NULL AND g.ckey <> '' THEN
                (SELECT count(*) FROM cyclone_runs r
                  WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey

@@ -308,9 +308,13 @@ SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timest
 -- again become available. A supervisor serves a run when it names the run's workflow and graph
 -- (NULL: every workflow, every graph of its workflows: one older than migration 16). With no
 -- live supervisor at all nothing is parked: that is another alarm, and nothing leases anyway.
--- What it reads: the running runs (cyclone_runs_live_idx), each tested against the few live
--- supervisors; the steps of the unserved ones by run_id (OFFSET 0 keeps that lookup on the
--- run's index whatever the statistics say, as in cyclone_lease_candidate); the parked steps
+-- What it reads: the graphs ever registered (a few), each tested against the few live
+-- supervisors; the live runs of the workflow of a graph that none serves, through
+-- cyclone_runs_fair_idx (`pass > 0`: every run submitted since migration 14), none while every
+-- version is served. It walked every running run instead, each pass: at a backlog of 300,000
+-- the scanner spent most of a core on it. Then the steps of the unserved runs by run_id
+-- (OFFSET 0 keeps that lookup on the run's index whatever the statistics say, as in
+-- cyclone_lease_candidate); the parked steps
 -- (cyclone_steps_parked_idx), none while every version is served. An unserved run with a step
 -- to park is locked first (SKIP LOCKED), as every writer of a run's steps does. The steps are
 -- written by `= ANY (array)` of their ids: a walk of the primary key, where a join to the CTE
@@ -318,16 +322,26 @@ SELECT coalesce(sum(cyclone_admit_steps(workflow, node, coalesce(%(now)s::timest
 WITH live AS MATERIALIZED (
     SELECT s.workflows, s.graphs FROM cyclone_supervisors s
      WHERE s.seen_at > now() - make_interval(secs => %(lost_after)s)
-), unserved AS MATERIALIZED (
-    SELECT r.id FROM cyclone_runs r
-     WHERE r.state = 'running' AND EXISTS (SELECT 1 FROM live)
+), gone AS MATERIALIZED (
+    SELECT g.workflow, g.hash FROM cyclone_graphs g
+     WHERE EXISTS (SELECT 1 FROM live)
        AND NOT EXISTS (SELECT 1 FROM live
-                        WHERE (live.workflows IS NULL OR r.workflow = ANY (live.workflows))
-                          AND (live.graphs IS NULL OR r.graph_hash = ANY (live.graphs)))
+                        WHERE (live.workflows IS NULL OR g.workflow = ANY (live.workflows))
+                          AND (live.graphs IS NULL OR g.hash = ANY (live.graphs)))
+), candidates AS MATERIALIZED (
+    SELECT r.id FROM gone,
+           LATERAL (SELECT r.id, r.state, r.graph_hash FROM cyclone_runs r
+                     WHERE r.workflow = gone.workflow AND r.pass > 0 OFFSET 0) AS r
+     WHERE r.graph_hash = gone.hash AND r.state = 'running'
        AND EXISTS (SELECT 1 FROM (SELECT st.state FROM cyclone_steps st
                                    WHERE st.run_id = r.id OFFSET 0) AS st
                     WHERE st.state = 'available')
      LIMIT %(batch_size)s
+), unserved AS MATERIALIZED (
+    -- Locked by id alone (a test of state here let the planner AND the whole running-runs
+    -- index in): a run that ended meanwhile has no available step for `parked` to write.
+    SELECT r.id FROM cyclone_runs r
+     WHERE r.id = ANY (ARRAY(SELECT c.id FROM candidates c))
        FOR NO KEY UPDATE SKIP LOCKED
 ), due AS MATERIALIZED (
     SELECT st.id FROM unserved u,

@@ -47,7 +47,7 @@ from cyclone import codec
 from cyclone.child import channel
 from cyclone.child.proctitle import worker_name
 from cyclone.child.session import connect_briefly
-from cyclone.db import GENERIC_PLANS, prepare_threshold, with_options
+from cyclone.db import HOT_PLANS, prepare_threshold, with_options
 from cyclone.engine.dispatch import (
     DISPATCH_PARAMS,
     DISPATCH_SQL,
@@ -79,7 +79,7 @@ SESSIONS = 2
 STATEMENT_TIMEOUT_MS = 2000
 # The statement is planned once per session: planning it (a dozen CTEs) costs more than
 # running it, and the plan cache kept planning it anew (bench/README.md, "runtime.py").
-PLAN_OPTIONS = GENERIC_PLANS
+PLAN_OPTIONS = HOT_PLANS
 _PREPARED = b"cyclone_dispatch"
 # After a session failed, how long workers lease on their own before asking again (they are
 # told so in the `given` line; see Worker.ask).

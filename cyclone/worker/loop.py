@@ -28,7 +28,7 @@ from cyclone.child.process import (
 )
 from cyclone.child.proctitle import set_title, worker_name, worker_title
 from cyclone.context import CancelEvent, Effects
-from cyclone.db import GENERIC_PLANS, connect, with_options
+from cyclone.db import HOT_PLANS, connect, with_options
 from cyclone.engine.dispatch import finished_json, lease_of
 from cyclone.engine.steps import Lease
 from cyclone.engine.versions import Served
@@ -235,7 +235,7 @@ class Worker:
         # no longer than a lease: its session is ended and the transaction rolled back.
         options = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
         if generic:
-            options += f" {GENERIC_PLANS}"
+            options += f" {HOT_PLANS}"
         return connect(
             with_options(self.options.dsn, options), f"{name}-{self.options.number}",
             connect_timeout=CONNECT_TIMEOUT, keepalives=1,
