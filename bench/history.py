@@ -76,7 +76,7 @@ WITH runs AS (
 INSERT INTO cyclone_history_attempts
        (id, step_id, run_id, attempt, error_kind, error, worker, started_at, ended_at,
         run_ended_at)
-SELECT id, id, run_id, 1, 'handler', 'ValueError: bench', 'bench-1', started_at,
+SELECT id, id, run_id, 1, 'error', 'ValueError: bench', 'bench-1', started_at,
        started_at + interval '5 ms', run_ended_at
   FROM steps WHERE id %% 20 = 0
 """

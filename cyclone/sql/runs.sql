@@ -70,14 +70,12 @@ WITH wf AS (
     -- a submit then costs what the backlog holds (issue 25's churn stalled on it).
     SELECT g.ckey,
            greatest(
-               (SELECT r.pass FROM cyclone_runs r
-                 WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-                   AND r.queued = false AND r.pass > 0
-                 ORDER BY r.pass DESC LIMIT 1),
-               (SELECT r.pass FROM cyclone_runs r
-                 WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
-                   AND r.queued = true AND r.pass > 0
-                 ORDER BY r.pass DESC LIMIT 1)) AS last,
+            (SELECT r.pass FROM cyclone_runs r WHERE r.workflow = %(workflow)s
+              AND coalesce(r.concurrency_key, '') = g.ckey AND NOT r.queued AND r.pass > 0
+              ORDER BY r.pass DESC LIMIT 1),
+            (SELECT r.pass FROM cyclone_runs r WHERE r.workflow = %(workflow)s
+              AND coalesce(r.concurrency_key, '') = g.ckey AND r.queued AND r.pass > 0
+              ORDER BY r.pass DESC LIMIT 1)) AS last,
            CASE WHEN %(climit)s::integer IS NOT NULL AND g.ckey <> '' THEN
                (SELECT count(*) FROM cyclone_runs r
                  WHERE r.workflow = %(workflow)s AND coalesce(r.concurrency_key, '') = g.ckey
