@@ -413,6 +413,11 @@ BEGIN
                 PERFORM cyclone_wake_timer(NEW.due_at);
             END IF;
         END IF;
+    ELSIF NEW.held THEN
+        -- A held step that ends unadmitted (its run cancelled or failed, a deadline) waits for
+        -- nothing any more: admission would make it available again, ended, and a DLQ retry
+        -- would skip the hold.
+        NEW.held := false;
     END IF;
     IF ((NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
         OR (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
@@ -641,8 +646,9 @@ CREATE TABLE cyclone_rate_buckets (
     PRIMARY KEY (name, key)
 );
 
--- Steps of a limited node that hold a slot (counted), and held steps in the order admitted.
-CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node)
+-- Steps of a limited node that hold a slot, by state (counted: the available ones first, up
+-- to 16; migration 25), and held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node, state)
     WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
 CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
     WHERE held;
@@ -660,56 +666,74 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
-    batch CONSTANT integer := 200;   -- most steps one call admits
+    batch CONSTANT integer := 200;   -- most held steps one call reads, and admits
     enough CONSTANT integer := 16;   -- available steps of the node that make admitting wait
     lim integer := lim_hint;
-    free integer;
-    ready integer;
-    admitted integer := 0;
+    free integer := batch;
+    admitted integer;
     st record;
-    lim_row cyclone_rate_limits%ROWTYPE;
-    bucket cyclone_rate_buckets%ROWTYPE;
+    ids bigint[] := '{}';
+    waits float8[] := '{}';
+    -- The buckets this call met, by `name || chr(31) || key`: tokens left after its takes and
+    -- seconds a token (NULL: it gives nothing this call: its limiter is undeclared, or another
+    -- admission holds its row), and `open` false once its next token is past the horizon.
+    b_id text[] := '{}';
+    b_name text[] := '{}';
+    b_key text[] := '{}';
+    b_tokens float8[] := '{}';
+    b_secs float8[] := '{}';
+    b_open boolean[] := '{}';
+    b integer;
     bkey text;
     keyfield text;
     keyed_graph text;
     wait float8;
-    full_keys text[] := '{}';
+    lim_row cyclone_rate_limits%ROWTYPE;
+    bucket cyclone_rate_buckets%ROWTYPE;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
-    THEN
-        RETURN 0;
-    END IF;
     IF lim IS NULL THEN
         SELECT s.node_limit INTO lim FROM cyclone_steps s
          WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
     END IF;
-    free := batch;
+    -- While `enough` of the node's steps are available, the workers have work the limit does
+    -- not hold back: a freed slot waits, and is filled with the others in one admission once
+    -- fewer are available. A walk of at most `enough` entries, before the lock, ends most calls
+    -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
+    IF lim > enough THEN
+        IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
+                                   WHERE s.workflow = wf AND s.node = nd
+                                     AND s.node_limit IS NOT NULL AND s.state = 'available'
+                                   LIMIT enough) AS ready) >= enough THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
+    THEN
+        RETURN 0;
+    END IF;
     IF lim IS NOT NULL THEN
-        SELECT lim - count(*), count(*) FILTER (WHERE s.state = 'available')
-          INTO free, ready
-          FROM cyclone_steps s
+        SELECT lim - count(*) INTO free FROM cyclone_steps s
          WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
            AND s.state IN ('available', 'running');
-        -- Enough of the node's steps wait for a worker: a slot left free now costs no
-        -- throughput, and is filled with the others in one admission once they run low,
-        -- instead of one admission (and its walks of the held and limited indexes) a step.
-        IF ready >= enough THEN
+        IF free <= 0 THEN
             RETURN 0;
         END IF;
         free := least(free, batch);
     END IF;
-    IF free <= 0 THEN
-        RETURN 0;
-    END IF;
+    -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
+    -- is read and locked once, when its first step is met, and written once, after the walk:
+    -- one statement per bucket, not three a step. The run is read only for a rate-limited step
+    -- (its bucket key).
     FOR st IN
-        SELECT s.id, s.rate_limit, s.available_at, s.run_id, r.graph_hash, r.input
-          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+        SELECT s.id, s.rate_limit, s.available_at, r.graph_hash, r.input
+          FROM cyclone_steps s
+          LEFT JOIN LATERAL (SELECT r.graph_hash, r.input FROM cyclone_runs r
+                              WHERE r.id = s.run_id AND s.rate_limit IS NOT NULL) AS r ON true
          WHERE s.held AND s.workflow = wf AND s.node = nd
          ORDER BY s.priority, s.pass, s.id
          LIMIT batch
            FOR UPDATE OF s SKIP LOCKED
     LOOP
-        EXIT WHEN free <= 0;
         wait := 0;
         IF st.rate_limit IS NOT NULL THEN
             IF st.graph_hash IS DISTINCT FROM keyed_graph THEN  -- one graph read per graph
@@ -717,48 +741,64 @@ BEGIN
                 keyed_graph := st.graph_hash;
             END IF;
             bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
-            CONTINUE WHEN bkey = ANY (full_keys);
-            SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
-            IF NOT FOUND THEN
+            b := array_position(b_id, st.rate_limit || chr(31) || bkey);
+            IF b IS NULL THEN
+                b := cardinality(b_id) + 1;
+                b_id[b] := st.rate_limit || chr(31) || bkey;
+                b_name[b] := st.rate_limit;
+                b_key[b] := bkey;
+                b_secs[b] := NULL;
+                b_open[b] := true;
                 -- An undeclared limiter holds its steps until client.set_rate_limit names it.
-                full_keys := full_keys || bkey;
-                CONTINUE;
+                SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
+                IF FOUND THEN
+                    SELECT * INTO bucket FROM cyclone_rate_buckets
+                     WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        -- A bucket's first token (or one another admission holds: next time).
+                        INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+                        VALUES (st.rate_limit, bkey, lim_row.burst, at)
+                        ON CONFLICT (name, key) DO NOTHING;
+                        SELECT * INTO bucket FROM cyclone_rate_buckets
+                         WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    END IF;
+                    IF FOUND THEN  -- refilled to now
+                        b_tokens[b] := least(lim_row.burst, bucket.tokens
+                            + greatest(extract(epoch FROM at - bucket.updated_at), 0)
+                              * lim_row.rate / lim_row.per);
+                        b_secs[b] := lim_row.per / lim_row.rate;
+                    END IF;
+                END IF;
             END IF;
-            SELECT * INTO bucket FROM cyclone_rate_buckets
-             WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                -- A bucket's first token (or one another admission holds: then, next time).
-                INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
-                VALUES (st.rate_limit, bkey, lim_row.burst, at)
-                ON CONFLICT (name, key) DO NOTHING;
-                SELECT * INTO bucket FROM cyclone_rate_buckets
-                 WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
-            END IF;
-            IF NOT FOUND THEN
-                full_keys := full_keys || bkey;
-                CONTINUE;
-            END IF;
-            -- Refill, then take one token: now if there is one, else when it refills.
-            bucket.tokens := least(lim_row.burst, bucket.tokens
-                + greatest(extract(epoch FROM at - bucket.updated_at), 0)
-                  * lim_row.rate / lim_row.per);
-            wait := greatest(1 - bucket.tokens, 0) * lim_row.per / lim_row.rate;
+            CONTINUE WHEN b_secs[b] IS NULL OR NOT b_open[b];
+            -- One token: now if there is one, else when it refills.
+            wait := greatest(1 - b_tokens[b], 0) * b_secs[b];
             IF wait > horizon THEN
-                UPDATE cyclone_rate_buckets SET tokens = bucket.tokens, updated_at = at
-                 WHERE name = st.rate_limit AND key = bkey;
-                full_keys := full_keys || bkey;
+                b_open[b] := false;
                 CONTINUE;
             END IF;
-            UPDATE cyclone_rate_buckets SET tokens = bucket.tokens - 1, updated_at = at
-             WHERE name = st.rate_limit AND key = bkey;
+            b_tokens[b] := b_tokens[b] - 1;
         END IF;
-        UPDATE cyclone_steps
-           SET state = 'available', held = false,
-               available_at = greatest(st.available_at, at + make_interval(secs => wait))
-         WHERE id = st.id;
-        free := free - 1;
-        admitted := admitted + 1;
+        ids := ids || st.id;
+        waits := waits || wait;
+        EXIT WHEN cardinality(ids) >= free;
     END LOOP;
+    FOR b IN 1 .. cardinality(b_id) LOOP
+        IF b_secs[b] IS NOT NULL THEN
+            UPDATE cyclone_rate_buckets SET tokens = b_tokens[b], updated_at = at
+             WHERE name = b_name[b] AND key = b_key[b];
+        END IF;
+    END LOOP;
+    IF cardinality(ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The steps picked (locked by the walk), in one statement.
+    UPDATE cyclone_steps s
+       SET state = 'available', held = false,
+           available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
+      FROM unnest(ids, waits) AS a (id, wait)
+     WHERE s.id = ANY (ids) AND s.id = a.id;
+    GET DIAGNOSTICS admitted = ROW_COUNT;
     RETURN admitted;
 END
 $$;
