@@ -381,6 +381,11 @@ BEGIN
             THEN
                 NEW.state := 'waiting';
                 NEW.held := true;
+            ELSIF NEW.state = 'waiting' AND NOT NEW.held AND OLD.held THEN
+                -- Admitted: cyclone_admit_steps clears `held` alone and the step becomes
+                -- available here, so that the trigger on UPDATE OF state (which looks for a slot
+                -- let go) does not fire for each step admitted.
+                NEW.state := 'available';
             END IF;
         END IF;
         -- Wake whoever waits for this step: a supervisor whose workers found nothing (the flag
@@ -794,7 +799,7 @@ BEGIN
     END IF;
     -- The steps picked (locked by the walk), in one statement.
     UPDATE cyclone_steps s
-       SET state = 'available', held = false,
+       SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
            available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
       FROM unnest(ids, waits) AS a (id, wait)
      WHERE s.id = ANY (ids) AND s.id = a.id;

@@ -13,9 +13,11 @@
 --   * a freed slot first counts the node's available steps up to 16, through the slot index
 --     keyed by state (rebuilt below), before taking the node's lock; only with fewer does it
 --     count the slots in use and admit;
---   * admission reads the held steps in lease order without locks, takes each bucket's tokens
---     in memory (its row read, locked and written once a call), and makes the steps it picked
---     available in one statement that skips rows another transaction holds;
+--   * admission walks the held steps in lease order (skipping rows another transaction
+--     holds), takes each bucket's tokens in memory (its row read, locked and written once a
+--     call), and admits the steps it picked in one statement, which clears `held` alone: the
+--     rules' trigger makes such a step available, so the trigger on UPDATE OF state, which
+--     looks for a slot let go, no longer fires for each step admitted;
 --   * the run's row is read for a rate-limited step only (its bucket key).
 --
 -- A held step whose run was cancelled or failed (or whose deadline passed) kept `held`: the
@@ -49,6 +51,11 @@ BEGIN
             THEN
                 NEW.state := 'waiting';
                 NEW.held := true;
+            ELSIF NEW.state = 'waiting' AND NOT NEW.held AND OLD.held THEN
+                -- Admitted: cyclone_admit_steps clears `held` alone and the step becomes
+                -- available here, so that the trigger on UPDATE OF state (which looks for a slot
+                -- let go) does not fire for each step admitted.
+                NEW.state := 'available';
             END IF;
         END IF;
         -- Wake whoever waits for this step: a supervisor whose workers found nothing (the flag
@@ -252,7 +259,7 @@ BEGIN
     END IF;
     -- The steps picked (locked by the walk), in one statement.
     UPDATE cyclone_steps s
-       SET state = 'available', held = false,
+       SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
            available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
       FROM unnest(ids, waits) AS a (id, wait)
      WHERE s.id = ANY (ids) AND s.id = a.id;
