@@ -652,8 +652,8 @@ CREATE TABLE cyclone_rate_buckets (
 );
 
 -- Steps of a limited node that hold a slot, by state (counted: the available ones first, up
--- to 16; migration 25), and held steps in the order admitted.
-CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node, state)
+-- to 16, in pass order; migration 25), and held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node, state, pass)
     WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
 CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
     WHERE held;
@@ -704,10 +704,14 @@ BEGIN
     -- not hold back: a freed slot waits, and is filled with the others in one admission once
     -- fewer are available. A walk of at most `enough` entries, before the lock, ends most calls
     -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
+    -- In pass order, which cyclone_steps_limited_idx alone gives: with a bare LIMIT, statistics
+    -- that promised many such steps led the planner to scan the table, or the primary key,
+    -- hoping to stop early, and it read every step when fewer than `enough` were there.
     IF lim > enough THEN
         IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
                                    WHERE s.workflow = wf AND s.node = nd
                                      AND s.node_limit IS NOT NULL AND s.state = 'available'
+                                   ORDER BY s.pass
                                    LIMIT enough) AS ready) >= enough THEN
             RETURN 0;
         END IF;
@@ -733,7 +737,8 @@ BEGIN
         SELECT s.id, s.rate_limit, s.available_at, r.graph_hash, r.input
           FROM cyclone_steps s
           LEFT JOIN LATERAL (SELECT r.graph_hash, r.input FROM cyclone_runs r
-                              WHERE r.id = s.run_id AND s.rate_limit IS NOT NULL) AS r ON true
+                              WHERE r.id = s.run_id AND s.rate_limit IS NOT NULL
+                             OFFSET 0) AS r ON true  -- OFFSET 0: no lookup without a limiter
          WHERE s.held AND s.workflow = wf AND s.node = nd
          ORDER BY s.priority, s.pass, s.id
          LIMIT batch

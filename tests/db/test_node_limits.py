@@ -487,3 +487,26 @@ def test_node_limits_hold_whatever_happens(env: TestEnv) -> None:
         max_examples=20, stateful_step_count=20, deadline=None, derandomize=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     ))  # fmt: skip
+
+
+def test_admitting_steps_of_a_node_without_a_rate_limit_reads_no_run(env: TestEnv):
+    """A run's row is read for its bucket key only: a node limited by concurrency alone admits
+    its steps without a lookup of their runs."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 60)
+    scans = "SELECT pg_stat_get_xact_numscans('cyclone_runs_pkey'::regclass) AS n"
+    with env.conn.transaction(force_rollback=True):
+        env.conn.execute("SET LOCAL session_replication_role = replica")  # no admission yet
+        env.conn.execute(
+            "UPDATE cyclone_steps SET state = 'completed', completed_at = now()"
+            " WHERE id IN (SELECT id FROM cyclone_steps WHERE workflow = %s"
+            " AND state = 'available' LIMIT 30)",
+            (wide.name,),
+        )
+        env.conn.execute("SET LOCAL session_replication_role = origin")
+        before = env.conn.execute(scans).fetchone()["n"]
+        admitted = env.conn.execute(
+            "SELECT cyclone_admit_steps(%s, 'one_of_forty', now(), 40) AS n", (wide.name,)
+        ).fetchone()["n"]
+        assert admitted == 20
+        assert env.conn.execute(scans).fetchone()["n"] == before

@@ -2,7 +2,8 @@
 of a limited node, and by the held_steps sweep) costs the same whatever the backlog of held
 steps, the dead entries admitted and ended steps leave behind, and the statistics.
 
-A node limited to 64 at once, with a rate limit, holds a backlog of thousands of steps. A
+A node limited to 64 at once, with a rate limit, holds a backlog of thousands of steps, beside
+a backlog of another workflow's steps available to workers. A
 freed slot while 16 or more of its steps are available looks at those 16 and stops (the
 common case of a limit that does not bind); an admission reads and writes the steps it admits,
 never the backlog. Each is explained with its custom and its generic plans (the statements
@@ -25,11 +26,20 @@ from cyclone.testing import TestEnv
 
 HELD = 15_000
 LIMIT = 64
+# Steps of other workflows waiting for workers: a plan that looked for the node's available
+# steps among every available step would read them all.
+AVAILABLE = 20_000
 wide = cyclone.Workflow("pa-wide")
+plain = cyclone.Workflow("pa-plain")
 
 
 @wide.task(concurrency=LIMIT, rate_limit="pa-limiter")
 def spread(ctx):
+    return None
+
+
+@plain.task()
+def anything(ctx):
     return None
 
 
@@ -69,7 +79,7 @@ def _drain(env: TestEnv, steps: int) -> None:
 
 @pytest.fixture(scope="module", params=STATES)
 def held(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[TestEnv]:
-    with TestEnv(workflows=[wide], dsn=pg_dsn) as env:
+    with TestEnv(workflows=[wide, plain], dsn=pg_dsn) as env:
         for table in ("cyclone_steps", "cyclone_runs"):
             env.conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
         env.client.set_rate_limit("pa-limiter", rate=1e6, per=timedelta(seconds=1), burst=1e6)
@@ -87,6 +97,8 @@ def held(request: pytest.FixtureRequest, pg_dsn: str) -> Iterator[TestEnv]:
             env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
         for start in range(0, HELD, 1000):
             env.client.submit_many(wide, [None] * min(1000, HELD - start))
+        for _ in range(0, AVAILABLE, 5000):
+            env.client.submit_many(plain, [None] * 5000)
         _drain(env, 300)
         if request.param == "analyzed":
             env.conn.execute("ANALYZE cyclone_steps, cyclone_runs")
