@@ -137,17 +137,19 @@ DECLARE
     free integer := batch;
     admitted integer;
     st record;
-    ids bigint[] := '{}';
-    waits float8[] := '{}';
+    -- (Set when the walk starts: a default is evaluated at every call, and most calls, for a
+    -- freed slot, end at the first test.)
+    ids bigint[];
+    waits float8[];
     -- The buckets this call met, by `name || chr(31) || key`: tokens left after its takes and
     -- seconds a token (NULL: it gives nothing this call: its limiter is undeclared, or another
     -- admission holds its row), and `open` false once its next token is past the horizon.
-    b_id text[] := '{}';
-    b_name text[] := '{}';
-    b_key text[] := '{}';
-    b_tokens float8[] := '{}';
-    b_secs float8[] := '{}';
-    b_open boolean[] := '{}';
+    b_id text[];
+    b_name text[];
+    b_key text[];
+    b_tokens float8[];
+    b_secs float8[];
+    b_open boolean[];
     b integer;
     bkey text;
     keyfield text;
@@ -189,6 +191,14 @@ BEGIN
         END IF;
         free := least(free, batch);
     END IF;
+    ids := '{}';
+    waits := '{}';
+    b_id := '{}';
+    b_name := '{}';
+    b_key := '{}';
+    b_tokens := '{}';
+    b_secs := '{}';
+    b_open := '{}';
     -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
     -- is read and locked once, when its first step is met, and written once, after the walk:
     -- one statement per bucket, not three a step. The run is read only for a rate-limited step
