@@ -606,10 +606,14 @@ $$;
 
 -- A run that held a slot ended: admit what now fits. (A queued run that ends held none.)
 CREATE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
     IF OLD.state IN ('running', 'paused') AND NOT OLD.queued
        AND NEW.state IN ('completed', 'failed', 'cancelled') THEN
-        PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+        -- An assignment, not PERFORM: a call alone is evaluated as a simple expression, where
+        -- PERFORM runs a query (a plan's executor started and ended) for every row.
+        admitted := cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
     END IF;
     RETURN NULL;
 END
@@ -839,8 +843,10 @@ AS $$
 $$;
 
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
-    PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
     RETURN NULL;
 END
 $$;
@@ -850,9 +856,11 @@ CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
     EXECUTE FUNCTION cyclone_steps_admit();
 -- A step that held a slot let it go (ended, parked, or held again for a token).
 CREATE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
     IF OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running') THEN
-        PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
+        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
     END IF;
     RETURN NULL;
 END

@@ -18,7 +18,9 @@
 --     call), and admits the steps it picked in one statement, which clears `held` alone: the
 --     rules' trigger makes such a step available, so the trigger on UPDATE OF state, which
 --     looks for a slot let go, no longer fires for each step admitted;
---   * the run's row is read for a rate-limited step only (its bucket key).
+--   * the run's row is read for a rate-limited step only (its bucket key);
+--   * the admission triggers call their function in an assignment, which PL/pgSQL evaluates
+--     as a simple expression, where PERFORM ran a query for every row.
 --
 -- A held step whose run was cancelled or failed (or whose deadline passed) kept `held`: the
 -- next admission of its node picked it and made it available with its completed_at set, which
@@ -280,5 +282,39 @@ BEGIN
      WHERE s.id = ANY (ids) AND s.id = a.id;
     GET DIAGNOSTICS admitted = ROW_COUNT;
     RETURN admitted;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
+BEGIN
+    IF OLD.state IN ('running', 'paused') AND NOT OLD.queued
+       AND NEW.state IN ('completed', 'failed', 'cancelled') THEN
+        -- An assignment, not PERFORM: a call alone is evaluated as a simple expression, where
+        -- PERFORM runs a query (a plan's executor started and ended) for every row.
+        admitted := cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
+BEGIN
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
+BEGIN
+    IF OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running') THEN
+        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
+    END IF;
+    RETURN NULL;
 END
 $$;
