@@ -170,12 +170,14 @@ BEGIN
     -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
     -- In pass order, which cyclone_steps_limited_idx alone gives: with a bare LIMIT, statistics
     -- that promised many such steps led the planner to scan the table, or the primary key,
-    -- hoping to stop early, and it read every step when fewer than `enough` were there.
+    -- hoping to stop early, and it read every step when fewer than `enough` were there. From
+    -- the last pass: the entries leased steps leave until VACUUM are at the first passes
+    -- (steps are admitted and leased in pass order), and a walk from there read them all.
     IF lim > enough THEN
         IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
                                    WHERE s.workflow = wf AND s.node = nd
                                      AND s.node_limit IS NOT NULL AND s.state = 'available'
-                                   ORDER BY s.pass
+                                   ORDER BY s.pass DESC
                                    LIMIT enough) AS ready) >= enough THEN
             RETURN 0;
         END IF;
