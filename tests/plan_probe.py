@@ -60,7 +60,13 @@ def _walk(node: dict[str, Any]) -> list[dict[str, Any]]:
 
 def probe(conn: Any, name: str, params: dict[str, Any], mode: str) -> Probe:
     """Explain QUERIES[name] prepared, with plan_cache_mode `mode` (custom or generic)."""
-    text, names = numbered(QUERIES[name])
+    return probe_text(conn, QUERIES[name], params, mode)
+
+
+def probe_text(conn: Any, query: str, params: dict[str, Any], mode: str) -> Probe:
+    """The same for a statement's text, with %(name)s placeholders. The mode applies to the
+    statements of the PL/pgSQL functions it calls too: their plans follow plan_cache_mode."""
+    text, names = numbered(query)
     args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
     statement = sql.Identifier(f"plan_probe_{next(_COUNTER)}")
     call = (

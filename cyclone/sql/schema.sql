@@ -381,6 +381,11 @@ BEGIN
             THEN
                 NEW.state := 'waiting';
                 NEW.held := true;
+            ELSIF NEW.state = 'waiting' AND NOT NEW.held AND OLD.held THEN
+                -- Admitted: cyclone_admit_steps clears `held` alone and the step becomes
+                -- available here, so that the trigger on UPDATE OF state (which looks for a slot
+                -- let go) does not fire for each step admitted.
+                NEW.state := 'available';
             END IF;
         END IF;
         -- Wake whoever waits for this step: a supervisor whose workers found nothing (the flag
@@ -413,6 +418,11 @@ BEGIN
                 PERFORM cyclone_wake_timer(NEW.due_at);
             END IF;
         END IF;
+    ELSIF NEW.held THEN
+        -- A held step that ends unadmitted (its run cancelled or failed, a deadline) waits for
+        -- nothing any more: admission would make it available again, ended, and a DLQ retry
+        -- would skip the hold.
+        NEW.held := false;
     END IF;
     IF ((NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
         OR (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
@@ -596,10 +606,14 @@ $$;
 
 -- A run that held a slot ended: admit what now fits. (A queued run that ends held none.)
 CREATE FUNCTION cyclone_runs_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
     IF OLD.state IN ('running', 'paused') AND NOT OLD.queued
        AND NEW.state IN ('completed', 'failed', 'cancelled') THEN
-        PERFORM cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
+        -- An assignment, not PERFORM: a call alone is evaluated as a simple expression, where
+        -- PERFORM runs a query (a plan's executor started and ended) for every row.
+        admitted := cyclone_admit(NEW.workflow, NEW.concurrency_key, NEW.concurrency_limit, now());
     END IF;
     RETURN NULL;
 END
@@ -641,8 +655,9 @@ CREATE TABLE cyclone_rate_buckets (
     PRIMARY KEY (name, key)
 );
 
--- Steps of a limited node that hold a slot (counted), and held steps in the order admitted.
-CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node)
+-- Steps of a limited node that hold a slot, by state (counted: the available ones first, up
+-- to 16, in pass order; migration 25), and held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node, state, pass)
     WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
 CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
     WHERE held;
@@ -660,56 +675,91 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
-    batch CONSTANT integer := 200;   -- most steps one call admits
+    batch CONSTANT integer := 200;   -- most held steps one call reads, and admits
     enough CONSTANT integer := 16;   -- available steps of the node that make admitting wait
     lim integer := lim_hint;
-    free integer;
-    ready integer;
-    admitted integer := 0;
+    free integer := batch;
+    admitted integer;
     st record;
-    lim_row cyclone_rate_limits%ROWTYPE;
-    bucket cyclone_rate_buckets%ROWTYPE;
+    -- (Set when the walk starts: a default is evaluated at every call, and most calls, for a
+    -- freed slot, end at the first test.)
+    ids bigint[];
+    waits float8[];
+    -- The buckets this call met, by `name || chr(31) || key`: tokens left after its takes and
+    -- seconds a token (NULL: it gives nothing this call: its limiter is undeclared, or another
+    -- admission holds its row), and `open` false once its next token is past the horizon.
+    b_id text[];
+    b_name text[];
+    b_key text[];
+    b_tokens float8[];
+    b_secs float8[];
+    b_open boolean[];
+    b integer;
     bkey text;
     keyfield text;
     keyed_graph text;
     wait float8;
-    full_keys text[] := '{}';
+    lim_row cyclone_rate_limits%ROWTYPE;
+    bucket cyclone_rate_buckets%ROWTYPE;
 BEGIN
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
-    THEN
-        RETURN 0;
-    END IF;
     IF lim IS NULL THEN
         SELECT s.node_limit INTO lim FROM cyclone_steps s
          WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
     END IF;
-    free := batch;
+    -- While `enough` of the node's steps are available, the workers have work the limit does
+    -- not hold back: a freed slot waits, and is filled with the others in one admission once
+    -- fewer are available. A walk of at most `enough` entries, before the lock, ends most calls
+    -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
+    -- In pass order, which cyclone_steps_limited_idx alone gives: with a bare LIMIT, statistics
+    -- that promised many such steps led the planner to scan the table, or the primary key,
+    -- hoping to stop early, and it read every step when fewer than `enough` were there. From
+    -- the last pass: the entries leased steps leave until VACUUM are at the first passes
+    -- (steps are admitted and leased in pass order), and a walk from there read them all.
+    IF lim > enough THEN
+        IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
+                                   WHERE s.workflow = wf AND s.node = nd
+                                     AND s.node_limit IS NOT NULL AND s.state = 'available'
+                                   ORDER BY s.pass DESC
+                                   LIMIT enough) AS ready) >= enough THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
+    THEN
+        RETURN 0;
+    END IF;
     IF lim IS NOT NULL THEN
-        SELECT lim - count(*), count(*) FILTER (WHERE s.state = 'available')
-          INTO free, ready
-          FROM cyclone_steps s
+        SELECT lim - count(*) INTO free FROM cyclone_steps s
          WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
            AND s.state IN ('available', 'running');
-        -- Enough of the node's steps wait for a worker: a slot left free now costs no
-        -- throughput, and is filled with the others in one admission once they run low,
-        -- instead of one admission (and its walks of the held and limited indexes) a step.
-        IF ready >= enough THEN
+        IF free <= 0 THEN
             RETURN 0;
         END IF;
         free := least(free, batch);
     END IF;
-    IF free <= 0 THEN
-        RETURN 0;
-    END IF;
+    ids := '{}';
+    waits := '{}';
+    b_id := '{}';
+    b_name := '{}';
+    b_key := '{}';
+    b_tokens := '{}';
+    b_secs := '{}';
+    b_open := '{}';
+    -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
+    -- is read and locked once, when its first step is met, and written once, after the walk:
+    -- one statement per bucket, not three a step. The run is read only for a rate-limited step
+    -- (its bucket key).
     FOR st IN
-        SELECT s.id, s.rate_limit, s.available_at, s.run_id, r.graph_hash, r.input
-          FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
+        SELECT s.id, s.rate_limit, s.available_at, r.graph_hash, r.input
+          FROM cyclone_steps s
+          LEFT JOIN LATERAL (SELECT r.graph_hash, r.input FROM cyclone_runs r
+                              WHERE r.id = s.run_id AND s.rate_limit IS NOT NULL
+                             OFFSET 0) AS r ON true  -- OFFSET 0: no lookup without a limiter
          WHERE s.held AND s.workflow = wf AND s.node = nd
          ORDER BY s.priority, s.pass, s.id
          LIMIT batch
            FOR UPDATE OF s SKIP LOCKED
     LOOP
-        EXIT WHEN free <= 0;
         wait := 0;
         IF st.rate_limit IS NOT NULL THEN
             IF st.graph_hash IS DISTINCT FROM keyed_graph THEN  -- one graph read per graph
@@ -717,48 +767,64 @@ BEGIN
                 keyed_graph := st.graph_hash;
             END IF;
             bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
-            CONTINUE WHEN bkey = ANY (full_keys);
-            SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
-            IF NOT FOUND THEN
+            b := array_position(b_id, st.rate_limit || chr(31) || bkey);
+            IF b IS NULL THEN
+                b := cardinality(b_id) + 1;
+                b_id[b] := st.rate_limit || chr(31) || bkey;
+                b_name[b] := st.rate_limit;
+                b_key[b] := bkey;
+                b_secs[b] := NULL;
+                b_open[b] := true;
                 -- An undeclared limiter holds its steps until client.set_rate_limit names it.
-                full_keys := full_keys || bkey;
-                CONTINUE;
+                SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
+                IF FOUND THEN
+                    SELECT * INTO bucket FROM cyclone_rate_buckets
+                     WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        -- A bucket's first token (or one another admission holds: next time).
+                        INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+                        VALUES (st.rate_limit, bkey, lim_row.burst, at)
+                        ON CONFLICT (name, key) DO NOTHING;
+                        SELECT * INTO bucket FROM cyclone_rate_buckets
+                         WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    END IF;
+                    IF FOUND THEN  -- refilled to now
+                        b_tokens[b] := least(lim_row.burst, bucket.tokens
+                            + greatest(extract(epoch FROM at - bucket.updated_at), 0)
+                              * lim_row.rate / lim_row.per);
+                        b_secs[b] := lim_row.per / lim_row.rate;
+                    END IF;
+                END IF;
             END IF;
-            SELECT * INTO bucket FROM cyclone_rate_buckets
-             WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
-            IF NOT FOUND THEN
-                -- A bucket's first token (or one another admission holds: then, next time).
-                INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
-                VALUES (st.rate_limit, bkey, lim_row.burst, at)
-                ON CONFLICT (name, key) DO NOTHING;
-                SELECT * INTO bucket FROM cyclone_rate_buckets
-                 WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
-            END IF;
-            IF NOT FOUND THEN
-                full_keys := full_keys || bkey;
-                CONTINUE;
-            END IF;
-            -- Refill, then take one token: now if there is one, else when it refills.
-            bucket.tokens := least(lim_row.burst, bucket.tokens
-                + greatest(extract(epoch FROM at - bucket.updated_at), 0)
-                  * lim_row.rate / lim_row.per);
-            wait := greatest(1 - bucket.tokens, 0) * lim_row.per / lim_row.rate;
+            CONTINUE WHEN b_secs[b] IS NULL OR NOT b_open[b];
+            -- One token: now if there is one, else when it refills.
+            wait := greatest(1 - b_tokens[b], 0) * b_secs[b];
             IF wait > horizon THEN
-                UPDATE cyclone_rate_buckets SET tokens = bucket.tokens, updated_at = at
-                 WHERE name = st.rate_limit AND key = bkey;
-                full_keys := full_keys || bkey;
+                b_open[b] := false;
                 CONTINUE;
             END IF;
-            UPDATE cyclone_rate_buckets SET tokens = bucket.tokens - 1, updated_at = at
-             WHERE name = st.rate_limit AND key = bkey;
+            b_tokens[b] := b_tokens[b] - 1;
         END IF;
-        UPDATE cyclone_steps
-           SET state = 'available', held = false,
-               available_at = greatest(st.available_at, at + make_interval(secs => wait))
-         WHERE id = st.id;
-        free := free - 1;
-        admitted := admitted + 1;
+        ids := ids || st.id;
+        waits := waits || wait;
+        EXIT WHEN cardinality(ids) >= free;
     END LOOP;
+    FOR b IN 1 .. cardinality(b_id) LOOP
+        IF b_secs[b] IS NOT NULL THEN
+            UPDATE cyclone_rate_buckets SET tokens = b_tokens[b], updated_at = at
+             WHERE name = b_name[b] AND key = b_key[b];
+        END IF;
+    END LOOP;
+    IF cardinality(ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The steps picked (locked by the walk), in one statement.
+    UPDATE cyclone_steps s
+       SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
+           available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
+      FROM unnest(ids, waits) AS a (id, wait)
+     WHERE s.id = ANY (ids) AND s.id = a.id;
+    GET DIAGNOSTICS admitted = ROW_COUNT;
     RETURN admitted;
 END
 $$;
@@ -779,8 +845,10 @@ AS $$
 $$;
 
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
-    PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
     RETURN NULL;
 END
 $$;
@@ -790,9 +858,11 @@ CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
     EXECUTE FUNCTION cyclone_steps_admit();
 -- A step that held a slot let it go (ended, parked, or held again for a token).
 CREATE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
 BEGIN
     IF OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running') THEN
-        PERFORM cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
+        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
     END IF;
     RETURN NULL;
 END

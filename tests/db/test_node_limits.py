@@ -9,9 +9,20 @@ import json
 from datetime import timedelta
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 import cyclone
-from cyclone import engine
+from cyclone import engine, runner
+from cyclone.db import connect
+from cyclone.engine.dlq import retry_dead_step
 from cyclone.errors import GraphError
 from cyclone.testing import TestEnv
 
@@ -257,3 +268,245 @@ def lease_of(env: TestEnv, wf: cyclone.Workflow, node: str) -> engine.Lease:
     taken = lease(env, wf)
     assert taken is not None and taken.node == node, taken
     return taken
+
+
+def in_use(env: TestEnv, wf: cyclone.Workflow) -> int:
+    c = counts(env, wf)
+    return c.get("available", 0) + c.get("running", 0)
+
+
+def test_a_held_step_of_a_cancelled_run_is_let_go_and_its_node_goes_on(env: TestEnv):
+    """A cancel discards the run's held step: it must stop being held, or the node's next
+    admission picks it up, ended, and every later end of a step of the node fails."""
+    env.register(*ALL)
+    runs = env.client.submit_many(narrow, [None] * 4)
+    assert counts(env, narrow) == {"available": 2, "held": 2}
+    env.client.cancel(runs[2])
+    assert counts(env, narrow) == {"available": 2, "held": 1, "discarded": 1}
+    first = lease(env, narrow)
+    assert first is not None and engine.complete_step(env.conn, first, None)
+    assert counts(env, narrow) == {"available": 2, "completed": 1, "discarded": 1}
+    for run_id in (runs[1], runs[3]):
+        env.run_until_complete(run_id)
+    assert counts(env, narrow) == {"completed": 3, "discarded": 1}
+
+
+failing = cyclone.Workflow("nl-failing")
+BROKEN = {"now": True}  # until the test mends it, before the DLQ retry
+
+
+@failing.task(max_attempts=1)
+def breaks(ctx):
+    if ctx.input.get("broken") and BROKEN["now"]:
+        raise cyclone.PermanentError("broken")
+    return None
+
+
+@failing.task(concurrency=1)
+def one_at_a_time(ctx):
+    return None
+
+
+def test_a_dlq_retry_of_a_run_whose_held_step_was_discarded_holds_it_again(
+    env: TestEnv, monkeypatch: pytest.MonkeyPatch
+):
+    """The run failed while its step of a limited node was held: re-driven by the DLQ, that
+    step waits for a slot like any other, and the node's limit holds."""
+    env.register(failing)
+    _, broken = env.client.submit_many(failing, [{}, {"broken": True}])
+    step = env.conn.execute(
+        "SELECT id FROM cyclone_steps WHERE run_id = %s AND node = 'one_at_a_time'", (broken,)
+    ).fetchone()["id"]
+    taken = [lease(env, failing) for _ in range(3)]  # both `breaks`, and the free slot
+    assert all(taken) and lease(env, failing) is None
+    [fails] = [t for t in taken if t and t.run_id == broken and t.node == "breaks"]
+    outcome = runner.execute(env.conn, env.registry, fails)  # a PermanentError
+    runner.record(env.conn, fails, outcome, now=env.now())
+    assert env.client.get_run(broken).state == "failed"  # its held step was discarded
+    dead = env.conn.execute(
+        "SELECT id FROM cyclone_steps WHERE run_id = %s AND state = 'dead'", (broken,)
+    ).fetchone()["id"]
+    monkeypatch.setitem(BROKEN, "now", False)
+    retry_dead_step(env.conn, dead)
+    row = env.conn.execute("SELECT state, held FROM cyclone_steps WHERE id = %s", (step,))
+    assert row.fetchone() == {"state": "waiting", "held": True}
+    for t in taken:
+        if t is not fails:
+            assert t and engine.complete_step(env.conn, t, None)
+    env.run_until_complete(broken)
+    assert counts(env, failing) == {"completed": 4}
+
+
+def test_admission_skips_a_held_step_another_transaction_holds_and_never_waits(
+    env: TestEnv, pg_dsn: str
+):
+    """Admission runs inside whatever freed a slot: it must not wait for a row lock (a client's
+    open transaction, a cancel in flight), so it admits the next held step instead."""
+    env.register(*ALL)
+    env.client.submit_many(narrow, [None] * 4)
+    held = [r["id"] for r in env.conn.execute(
+        "SELECT id FROM cyclone_steps WHERE workflow = %s AND held ORDER BY id", (narrow.name,)
+    ).fetchall()]  # fmt: skip
+    with connect(env.dsn) as other, other.transaction():
+        other.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (held[0],))
+        env.conn.execute("SET lock_timeout = '2s'")
+        first = lease(env, narrow)
+        assert first is not None and engine.complete_step(env.conn, first, None)
+        rows = env.conn.execute(
+            "SELECT id, held FROM cyclone_steps WHERE id = ANY(%s) ORDER BY id", (held,)
+        ).fetchall()
+        assert [r["held"] for r in rows] == [True, False]
+    env.conn.execute("RESET lock_timeout")
+
+
+sm_tight = cyclone.Workflow("nl-sm-tight")
+sm_roomy = cyclone.Workflow("nl-sm-roomy")
+
+
+@sm_tight.task(concurrency=2, max_attempts=3)
+def sm_tight_step(ctx):
+    return None
+
+
+@sm_roomy.task(concurrency=18, max_attempts=3, rate_limit="nl-sm-unbound")
+def sm_roomy_step(ctx):
+    return None
+
+
+class LimitedSteps(RuleBasedStateMachine):
+    """Random submits, leases, completions, failures (retried or not), planned stops, expired
+    leases, cancels, pauses, resumes and DLQ retries of steps of two limited nodes (2, and 18
+    with an unbound rate limit as well): never more steps of a node available or running than
+    its limit; a held step waits only while the node is full or, above 16, while 16 of its
+    steps are available (as of the last freed slot or sweep); and every run ends once the
+    workers drain what is left."""
+
+    env: TestEnv
+    NODES = {"tight": (sm_tight, 2), "roomy": (sm_roomy, 18)}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.env.conn.execute("DELETE FROM cyclone_steps")
+        self.env.conn.execute("DELETE FROM cyclone_runs")
+        self.leases: list[engine.Lease] = []
+        self.runs: list[str] = []
+
+    @rule(node=st.sampled_from(["tight", "roomy"]), n=st.integers(1, 25))
+    def submit(self, node: str, n: int) -> None:
+        self.runs += self.env.client.submit_many(self.NODES[node][0], [None] * n)
+
+    @rule(node=st.sampled_from(["tight", "roomy"]), n=st.integers(1, 6))
+    def take(self, node: str, n: int) -> None:
+        for _ in range(n):
+            taken = lease(self.env, self.NODES[node][0])
+            if taken is None:
+                break
+            self.leases.append(taken)
+
+    def _pop(self, data: st.DataObject) -> engine.Lease:
+        return self.leases.pop(data.draw(st.integers(0, len(self.leases) - 1)))
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), how=st.sampled_from(["complete", "retry", "dead", "release"]))
+    def finish(self, data: st.DataObject, how: str) -> None:
+        done = self._pop(data)
+        conn, now = self.env.conn, self.env.now()
+        if how == "complete":
+            engine.complete_step(conn, done, None, now=now)
+        elif how == "release":
+            engine.release_step(conn, done.step_id, done.token, now=now)
+        else:
+            engine.fail_step(conn, done.step_id, done.token, kind="error", error="x",
+                             retry=how == "retry", now=now)  # fmt: skip
+
+    @precondition(lambda self: self.leases)
+    @rule()
+    def leases_expire(self) -> None:
+        self.env.advance_time(timedelta(minutes=5))
+        self.env.scan()
+        self.leases.clear()
+
+    @precondition(lambda self: self.runs)
+    @rule(data=st.data(), how=st.sampled_from(["cancel", "pause", "resume", "dlq"]))
+    def operate(self, data: st.DataObject, how: str) -> None:
+        run_id = data.draw(st.sampled_from(self.runs))
+        if how == "cancel":
+            self.env.client.cancel(run_id)
+        elif how == "pause":
+            self.env.client.pause(run_id)
+        elif how == "resume":
+            self.env.client.resume(run_id)
+        else:
+            dead = self.env.conn.execute(
+                "SELECT s.id FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id"
+                " WHERE s.run_id = %s AND s.state = 'dead' AND r.state = 'failed'",
+                (run_id,),
+            ).fetchone()
+            if dead is not None:
+                retry_dead_step(self.env.conn, dead["id"], now=self.env.now())
+
+    @rule()
+    def sweep(self) -> None:
+        """The scanner's pass admits what a freed slot left: above 16, a slot freed while 16
+        of the node's steps were available waits (leases do not admit), until a later freed
+        slot or this sweep finds fewer available."""
+        self.env.scan()
+        wf, limit = self.NODES["roomy"]
+        c = counts(self.env, wf)
+        assert not c.get("held") or in_use(self.env, wf) == limit or c["available"] >= 16, c
+
+    @invariant()
+    def each_limit_holds_and_a_small_one_never_idles_while_steps_are_held(self) -> None:
+        for wf, limit in self.NODES.values():
+            c = counts(self.env, wf)
+            used = in_use(self.env, wf)
+            assert used <= limit, (wf.name, c)
+            if limit <= 16 and c.get("held"):
+                assert used == limit, (wf.name, c)
+
+    def teardown(self) -> None:
+        conn, now = self.env.conn, self.env.now()
+        for done in self.leases:
+            engine.complete_step(conn, done, None, now=now)
+        for run_id in self.runs:
+            self.env.client.resume(run_id)
+        self.env.advance_time(timedelta(hours=1))  # past every retry's backoff
+        self.env.run_until_idle()
+        left = conn.execute(
+            "SELECT state, count(*) AS n FROM cyclone_runs GROUP BY state"
+        ).fetchall()
+        assert {r["state"] for r in left} <= {"completed", "failed", "cancelled"}, left
+
+
+@pytest.mark.property
+def test_node_limits_hold_whatever_happens(env: TestEnv) -> None:
+    env.register(sm_tight, sm_roomy)
+    env.client.set_rate_limit("nl-sm-unbound", rate=1e9, per=timedelta(seconds=1), burst=1e9)
+    LimitedSteps.env = env
+    run_state_machine_as_test(LimitedSteps, settings=settings(
+        max_examples=20, stateful_step_count=20, deadline=None, derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    ))  # fmt: skip
+
+
+def test_admitting_steps_of_a_node_without_a_rate_limit_reads_no_run(env: TestEnv):
+    """A run's row is read for its bucket key only: a node limited by concurrency alone admits
+    its steps without a lookup of their runs."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 60)
+    scans = "SELECT pg_stat_get_xact_numscans('cyclone_runs_pkey'::regclass) AS n"
+    with env.conn.transaction(force_rollback=True):
+        env.conn.execute("SET LOCAL session_replication_role = replica")  # no admission yet
+        env.conn.execute(
+            "UPDATE cyclone_steps SET state = 'completed', completed_at = now()"
+            " WHERE id IN (SELECT id FROM cyclone_steps WHERE workflow = %s"
+            " AND state = 'available' LIMIT 30)",
+            (wide.name,),
+        )
+        env.conn.execute("SET LOCAL session_replication_role = origin")
+        before = env.conn.execute(scans).fetchone()["n"]
+        admitted = env.conn.execute(
+            "SELECT cyclone_admit_steps(%s, 'one_of_forty', now(), 40) AS n", (wide.name,)
+        ).fetchone()["n"]
+        assert admitted == 20
+        assert env.conn.execute(scans).fetchone()["n"] == before
