@@ -55,7 +55,7 @@ def _steps(conn: psycopg.Connection) -> list[tuple[str, bool]]:
 def test_held_steps_of_ended_runs_are_let_go_and_the_node_admits_the_rest(at_version_24: str):
     with psycopg.connect(at_version_24, autocommit=True) as conn:
         assert _steps(conn) == [("available", False), ("waiting", True), ("discarded", True)]
-        assert migrate(conn) == [ADMISSION]
+        assert migrate(conn)[0] == ADMISSION  # and any later migration
         assert _steps(conn) == [("available", False), ("waiting", True), ("discarded", False)]
         # The slot frees: the waiting step is admitted, and nothing fails on the discarded one.
         conn.execute(
