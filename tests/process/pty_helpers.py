@@ -39,6 +39,10 @@ def read_until(fd: int, pattern: str, seen: bytearray, timeout: float) -> bool:
     return False
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_on_pty(cenv: TestEnv, *argv: str, **env: str) -> tuple[subprocess.Popen[bytes], int]:
     primary, secondary = pty.openpty()
     proc = subprocess.Popen(
@@ -48,6 +52,9 @@ def spawn_on_pty(cenv: TestEnv, *argv: str, **env: str) -> tuple[subprocess.Pope
         stderr=secondary,
         env=clean_env(TERM="xterm-256color", COLUMNS="160", LINES="60", **env),
         close_fds=True,
+        # As on an operator's terminal, Ctrl-C interrupts: a test run started in the background
+        # of a shell without job control (`... &`) ignores SIGINT, and a child inherits that.
+        preexec_fn=_interruptible,
     )
     os.close(secondary)
     return proc, primary
