@@ -130,7 +130,7 @@ def probes(b: Any) -> dict[str, tuple[int, float]]:
     return out
 
 
-def releases(b: Any) -> None:
+def fresh_leases(b: Any) -> None:
     """Fresh leases for the probes (those the fixture took may be near their lease's end)."""
     b.leases = {k: b.lease(wf) for k, wf in (
         ("one", test_plans.one), ("chain", test_plans.chain), ("map", test_plans.fanout),
@@ -197,7 +197,7 @@ def main() -> int:
         print(f"  {took:.0f}s; history {mib:,.0f} MiB on disk (tables, indexes, TOAST)")
         plans = {}
         for label, b in (("empty", empty), ("big", big)):
-            releases(b)
+            fresh_leases(b)
             plans[label] = probes(b)
             b.env.conn.commit()
         print(f"\nplan-test statements, worse of custom and generic: buffers, ms "

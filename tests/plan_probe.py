@@ -35,15 +35,17 @@ class Probe:
             default=0,
         )  # fmt: skip
 
-    def scanned_rows(self) -> int:
-        """The most rows any scan node read: those it returned and those its filter dropped.
-        Buffers alone miss a scan of a small, dense index: 20,000 entries are 21 pages."""
+    def scanned_rows(self, relation: str | None = None) -> int:
+        """The most rows any scan node read (of `relation`, if given): those it returned and
+        those its filter dropped, over all its loops. Buffers alone miss a scan of a small,
+        dense index: 20,000 entries are 21 pages."""
         return max(
             ((n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)
               + n.get("Rows Removed by Index Recheck", 0)) * n.get("Actual Loops", 1)
              for n in self.nodes if n["Node Type"].endswith("Scan")
              and n["Node Type"] not in ("CTE Scan", "Function Scan", "Subquery Scan",
-                                        "WorkTable Scan", "Values Scan")),
+                                        "WorkTable Scan", "Values Scan")
+             and relation in (None, n.get("Relation Name"))),
             default=0,
         )  # fmt: skip
 
@@ -100,11 +102,21 @@ def probe_prepared(conn: Any, statement: str, args: list[Any]) -> Probe:
     ).fetchone()
     assert found is not None, "psycopg did not prepare the statement"
     name = next(iter(found.values())) if isinstance(found, dict) else found[0]
-    call = sql.SQL("EXECUTE {} ({})").format(
-        sql.Identifier(name), sql.SQL(", ").join(sql.Literal(a) for a in args)
-    )
+    return probe_named(conn, name, args)
+
+
+def execute_named(name: str, args: list[Any]) -> sql.Composed:
+    """EXECUTE of the prepared statement `name` with these arguments, as literals."""
+    values = sql.SQL(", ").join(sql.Literal(a) for a in args)
+    return sql.SQL("EXECUTE {} ({})" if args else "EXECUTE {}").format(sql.Identifier(name), values)
+
+
+def probe_named(conn: Any, name: str, args: list[Any]) -> Probe:
+    """Explain the statement prepared on this connection as `name`, with the plan it keeps."""
     with conn.transaction(force_rollback=True):
         row = conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {}").format(call)
+            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {}").format(
+                execute_named(name, args)
+            )
         ).fetchone()
     return _probe(row)

@@ -226,15 +226,16 @@ class Worker:
         return found
 
     def connect(
-        self, name: str = "cyclone-worker", *, generic: bool = True
+        self, name: str = "cyclone-worker", *, hot: bool = True
     ) -> psycopg.Connection[Any]:
-        """A session of this worker; `generic`: it runs Cyclone's statements only, each planned
-        once (a handler's own SQL, on the effects session, keeps the server's planning)."""
+        """A session of this worker; `hot`: it runs Cyclone's statements only, planned as the
+        hot sessions plan (db.HOT_PLANS; a handler's own SQL, on the effects session, keeps
+        the server's planning)."""
         keepalive = max(int(self.options.heartbeat_interval), 1)
         # A transaction left open (a handler's, by a worker frozen mid-step) holds its locks
         # no longer than a lease: its session is ended and the transaction rolled back.
         options = f"-c idle_in_transaction_session_timeout={int(self.options.lease_ttl * 1000)}"
-        if generic:
+        if hot:
             options += f" {HOT_PLANS}"
         return connect(
             with_options(self.options.dsn, options), f"{name}-{self.options.number}",
@@ -368,7 +369,7 @@ class Worker:
         """The session handlers' fenced transactions run on, opened on first use."""
         conn = self.effects_conn
         if conn is None or conn.closed or conn.broken:
-            conn = self.effects_conn = self.connect("cyclone-effects", generic=False)
+            conn = self.effects_conn = self.connect("cyclone-effects", hot=False)
             conn.autocommit = False
         return conn
 

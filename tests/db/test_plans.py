@@ -18,8 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from plan_probe import Probe, _probe, numbered, probe, probe_prepared
-from psycopg import sql
+from plan_probe import Probe, execute_named, numbered, probe, probe_named, probe_prepared
 
 import cyclone
 from cyclone import engine
@@ -480,12 +479,8 @@ def test_the_unserved_sweep_reads_the_runs_of_unserved_graphs_only(
         result = probe(conn, "sweep_unserved", STATEMENTS["sweep_unserved"](backlog), mode)
     finally:
         conn.execute("DELETE FROM cyclone_supervisors WHERE id = 'plans'")
-    rows = max(
-        ((n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)) * n.get("Actual Loops", 1)
-         for n in result.nodes if n.get("Relation Name") == "cyclone_runs"),
-        default=0,
-    )  # fmt: skip
-    assert rows <= (10 if serves == "all" else 2 * 2_000 + 500), result.text
+    bound = 10 if serves == "all" else 2 * 2_000 + 500
+    assert result.scanned_rows("cyclone_runs") <= bound, result.text
 
 
 _ZERO = "00000000-0000-0000-0000-000000000000"
@@ -514,9 +509,10 @@ def cold(pg_dsn: str) -> Iterator[tuple[Backlog, Any]]:
             for name in COLD:
                 text, names = numbered(QUERIES[name])
                 session.execute(f"PREPARE cold_{name} AS {text}")  # type: ignore[arg-type]
+                params = STATEMENTS[name](dummy)
                 try:
                     with session.transaction(force_rollback=True):
-                        session.execute(_execute(name, names, STATEMENTS[name](dummy)))
+                        session.execute(execute_named(f"cold_{name}", [params[n] for n in names]))
                 except psycopg.Error:
                     pass  # a dummy the statement refuses: its plan was made before it ran
             _burst(env)
@@ -527,13 +523,6 @@ def cold(pg_dsn: str) -> Iterator[tuple[Backlog, Any]]:
             b.leases = {"one": b.lease(one), "chain": b.lease(chain), "map": b.lease(fanout),
                         "child": b.lease(parent)}  # fmt: skip
             yield b, session
-
-
-def _execute(name: str, names: list[str], params: dict[str, Any]) -> sql.Composed:
-    args = sql.SQL(", ").join(sql.Literal(params[n]) for n in names)
-    return sql.SQL("EXECUTE {} ({})" if names else "EXECUTE {}").format(
-        sql.Identifier(f"cold_{name}"), args
-    )
 
 
 # The statements of the sessions that plan once (db.HOT_PLANS: the dispatcher's, the
@@ -552,17 +541,10 @@ def test_a_plan_made_on_empty_tables_does_not_follow_the_burst_behind_it(
     of the runs, 2,318 buffers a statement at 50,000 runs) until autovacuum analyzed them."""
     backlog, session = cold
     params = STATEMENTS[name](backlog)
-    names = numbered(QUERIES[name])[1]
+    args = [params[n] for n in numbered(QUERIES[name])[1]]
     if name in WARMED:
-        with session.transaction(force_rollback=True):
-            session.execute(_execute(name, names, params))
-    with session.transaction(force_rollback=True):
-        row = session.execute(
-            sql.SQL("EXPLAIN (ANALYZE, BUFFERS, TIMING OFF, FORMAT JSON) {}").format(
-                _execute(name, names, params)
-            )
-        ).fetchone()
-    _check_bounds(backlog, name, "generic", params, _probe(row))
+        probe_named(session, f"cold_{name}", args)
+    _check_bounds(backlog, name, "generic", params, probe_named(session, f"cold_{name}", args))
 
 
 @pytest.mark.parametrize("mode", ["custom", "generic"])
@@ -577,12 +559,11 @@ def test_a_submit_without_a_key_reads_one_entry_for_its_groups_last_pass(
     ids = [f"00000000-0000-0000-0000-{i:012x}" for i in range(1, 101)]
     params = submit_params(one.name, one.graph.hash, ids, ["null"] * 100, [one.graph.nodes["only"]])
     result = probe(backlog.env.conn, "run_submit", params, mode)
-    reads = [
-        (n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0)) * n.get("Actual Loops", 1)
-        for n in result.nodes
-        if n.get("Relation Name") == "cyclone_runs" and n["Node Type"].endswith("Scan")
-    ]
-    assert reads and max(reads) <= 10, _explain_failure(backlog, "run_submit", mode, result)
+    assert any(s.startswith(("Index", "Bitmap Heap")) and s.endswith(":cyclone_runs")
+               for s in result.scans())  # fmt: skip
+    assert result.scanned_rows("cyclone_runs") <= 10, _explain_failure(
+        backlog, "run_submit", mode, result
+    )
 
 
 def _explain_failure(b: Backlog, name: str, mode: str, result: Probe) -> str:
