@@ -80,8 +80,12 @@ class TestEnv:
                 migrate(self.conn)  # a schema made ahead was made as migrate makes a new one
             self.registry = Registry()
             self._offset = timedelta()
-            self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
+            # The monotonic start is read before the server's clock, so the env's clock is
+            # never behind the server's: a step the server made available at its now() is
+            # due at the env's now() read after it (read after the query, it lagged by the
+            # round trip, and a lease right after a release found nothing now and then).
             self._mono_start = time.monotonic()
+            self._db_start: datetime = self.conn.execute(QUERIES["clock_now"]).fetchone()["now"]
             self.client = Client(
                 self.dsn, _clock=self.now, _on_workflow=self.register, _on_wait=self._finish
             )
