@@ -180,6 +180,10 @@ def measure(env: TestEnv, submitter: Submitter) -> dict[str, Any]:
     return out
 
 
+def relation_bytes(env: TestEnv) -> dict[str, int]:
+    return {rel["name"]: rel["bytes"] for rel in env.conn.execute(RELATIONS).fetchall()}
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:7.1f}"
 
@@ -222,6 +226,8 @@ def main() -> int:
             "  dead_runs dead_steps  av_runs av_steps  oldest_due(s)"
         )
         windows: list[dict[str, Any]] = []
+        settle_t = args.retention + args.history_after + 60
+        early_rels: dict[str, int] = {}  # each hot relation's bytes after the first retention
         try:
             submitter.start()
             start = time.monotonic()
@@ -240,6 +246,8 @@ def main() -> int:
                 cur.update(t=now - start, rate=rate, hot_bytes=hot, hist_bytes=hist,
                            kept=cur["cyclone_runs"] + cur["cyclone_history_runs"])  # fmt: skip
                 windows.append(cur)
+                if not early_rels and cur["t"] > settle_t:
+                    early_rels = relation_bytes(env)
                 print(
                     f"{cur['t']:5.0f} {rate:7.0f} {cur['cyclone_runs']:9d} "
                     f"{cur['cyclone_steps']:10d} {cur['cyclone_history_runs']:10d} "
@@ -255,7 +263,7 @@ def main() -> int:
             submitter.join(10)
             sup.stop()
         first, final = windows[0], windows[-1]
-        settled = [w for w in windows if w["t"] > args.retention + args.history_after + 60]
+        settled = [w for w in windows if w["t"] > settle_t]
         bound = args.rate * (args.retention + sweep_period)
         print(f"submitted {submitter.sent} runs; the submitter fell behind by at most "
               f"{submitter.behind:.2f}s")  # fmt: skip
@@ -273,9 +281,14 @@ def main() -> int:
                       f"{mib(late[what])} MiB at the end, ratio "
                       f"{late[what] / max(early[what], 1):.2f}")  # fmt: skip
         print(f"oldest due step's wait, most: {max(w['oldest_due'] for w in windows):.2f}s")
-        print("the hot tables' relations at the end (MiB):")
-        for rel in env.conn.execute(RELATIONS).fetchall():
-            print(f"  {rel['name']:40s} {rel['bytes'] / 2**20:8.2f}")
+        # Which relation grows, if the hot bytes do: each after the first retention period
+        # and at the end.
+        print("the hot tables' relations (MiB): after the first retention period, at the end")
+        for name, size in relation_bytes(env).items():
+            was = early_rels.get(name)
+            then = "       -" if was is None else f"{was / 2**20:8.2f}"
+            ratio = "" if not was else f"  x{size / was:.2f}"
+            print(f"  {name:40s} {then} {size / 2**20:8.2f}{ratio}")
     return 0
 
 
