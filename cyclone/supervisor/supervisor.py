@@ -270,7 +270,9 @@ class Supervisor:
             factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
             wants=self.dispatcher.want, renewer=self.renewer, board=self.board, traces=traces,
+            give_back=self.dispatcher.release_later,
         )  # fmt: skip
+        self.arbiter.revoke_queued = self.dispatcher.revoked
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})
