@@ -449,6 +449,9 @@ class Dispatcher:
         for handle, want in self.pending:
             finished = want.finished
             step_id = finished["step_id"] if finished else None
+            while handle.queued and handle.queued[0].revoked:
+                # Its worker drops it (the `drop` line came before this answer will).
+                handle.queued.pop(0)
             if not (handle.queued and want.lease and arbiter.may_lease(handle, step_id)):
                 waiting.append((handle, want))
                 continue
@@ -464,8 +467,6 @@ class Dispatcher:
                     self.first_at = now
             body = {"taken": True, "since": ready.sent, "lease": ready.row}
             send_line(handle.fd, f"given {codec.dumps(body)}\n".encode())
-            if ready.revoked:
-                arbiter.notified = True  # the revocation check kills it at once
         self.pending = waiting
 
     def queue(self, handle: Any, ready: Ready) -> None:
