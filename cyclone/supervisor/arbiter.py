@@ -499,14 +499,7 @@ class Arbiter:
         self.events.exited(handle, status)
         if self.traces is not None and lease is not None:
             self.trace_exit(lease, kill, handle, status)
-        if (
-            kill is not None and lease is not None and kill.step_id is not None
-            and kill.step_id != lease.step_id
-        ):  # fmt: skip
-            # Killed for the step before, which it finished meanwhile, starting this one (from
-            # its queue): not this step's doing, so its attempt is not spent.
-            self.release(lease, kill.reason)
-        elif kill is not None and lease is not None and kill.step_id == lease.step_id:
+        if kill is not None and lease is not None and kill.step_id == lease.step_id:
             if kill.release and kill.token is not None:
                 self.release(lease, kill.reason)
             elif kill.record is not None and kill.token is not None:

@@ -460,6 +460,9 @@ class Worker:
         done = CancelEvent()
         effects = Effects(self.effects_db, lease.step_id, lease.token)
         self.keeper.hold(lease, done, leased_at)
+        # Its duration counts from here: a lease may have waited in the queue since it was
+        # taken, and the supervisor leases ahead only for steps that are short themselves.
+        started = time.monotonic()
         try:
             outcome = runner.execute(self.db(), self.registry, lease, done=done, effects=effects)
         finally:
@@ -475,15 +478,15 @@ class Worker:
         nxt = None
         if written is None:
             if self.queue_ready():
-                return self.on_to_queued(lease, outcome, leased_at, renewed_at)
-            given = self.hand_over(lease, outcome, leased_at)
+                return self.on_to_queued(lease, outcome, started, renewed_at)
+            given = self.hand_over(lease, outcome, started)
             if given is not None:
                 # The supervisor recorded the step and reported it: nothing more to say.
                 if given.recorded is False:
                     log.warning("step %d: lease lost, result discarded", lease.step_id)
                 return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
-        report = self.report(lease, outcome, written, leased_at)
+        report = self.report(lease, outcome, written, started)
         if nxt is None:
             self.channel.send(report)
         else:
@@ -492,7 +495,7 @@ class Worker:
         return nxt
 
     def on_to_queued(
-        self, lease: Lease, outcome: runner.Outcome, leased_at: float, renewed_at: float
+        self, lease: Lease, outcome: runner.Outcome, started: float, renewed_at: float
     ) -> Lease | None:
         """Start the next queued lease: the finished task goes to the supervisor with the
         line that says so, or is recorded here first when it is not one the supervisor can
@@ -501,12 +504,12 @@ class Worker:
         if finished is not None:
             line_room = channel.MAX_LINE - 300  # the rest of the `took` line
             if len(finished) <= line_room:
-                return self.start_queued(b"", finished, time.monotonic() - leased_at)
+                return self.start_queued(b"", finished, time.monotonic() - started)
         written, _ = self.record(lease, outcome, renewed_at, lease_next=False)
-        return self.start_queued(channel.encode(self.report(lease, outcome, written, leased_at)))
+        return self.start_queued(channel.encode(self.report(lease, outcome, written, started)))
 
     def report(
-        self, lease: Lease, outcome: runner.Outcome, written: bool, leased_at: float
+        self, lease: Lease, outcome: runner.Outcome, written: bool, started: float
     ) -> channel.Done:
         """The `done` line of a step this worker recorded itself."""
         if self.record_outage is not None:  # the database answered again
@@ -518,7 +521,7 @@ class Worker:
         if not written:
             log.warning("step %d: lease lost, result discarded", lease.step_id)
         return channel.Done(
-            step_id=lease.step_id, outcome=result, duration=time.monotonic() - leased_at,
+            step_id=lease.step_id, outcome=result, duration=time.monotonic() - started,
             error=None if outcome.ok else channel.first_line(outcome.error),
             retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
             token=lease.token,
@@ -534,14 +537,14 @@ class Worker:
         return finished_json(self.db(), lease, outcome.encoded)
 
     def hand_over(
-        self, lease: Lease, outcome: runner.Outcome, leased_at: float
+        self, lease: Lease, outcome: runner.Outcome, started: float
     ) -> channel.Given | None:
         """Have the supervisor record a finished task and lease the next step with it; None
         when this step is not one it can record (see dispatch.py), or it said to lease alone."""
         finished = self.finished_text(lease, outcome)
         if finished is None:
             return None
-        duration = time.monotonic() - leased_at
+        duration = time.monotonic() - started
         line = (
             f'want {{"lease":{"true" if self.wants_next() else "false"},'
             f'"duration":{duration!r},"finished":{finished}}}\n'

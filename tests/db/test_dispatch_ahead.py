@@ -228,7 +228,7 @@ def test_leases_taken_ahead_are_queued_in_their_workers_name_and_sent_to_it(harn
     one, two = harness.arbiter.children[1], harness.arbiter.children[2]
     named = worker_name(socket.gethostname(), os.getpid(), 1, 1)  # as the worker names itself
     assert [r.name for r in one.queued] == [named] * AHEAD and two.queued == []
-    queued = harness.queue[1]
+    queued = list(harness.queue[1])
     assert [q.lease["id"] for q in queued] == [r.row["id"] for r in one.queued]
     assert all(q.until == q.since + dispatch_module.READY_FOR for q in queued)
     # Worker 1 finishes: it starts the first at once, with no answer to wait for, and the

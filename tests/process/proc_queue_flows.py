@@ -14,11 +14,11 @@ import cyclone
 TIMEOUT = 5.0
 
 
-def note(ctx: cyclone.StepContext) -> Path:
+def note(ctx: cyclone.StepContext, n: int | None = None) -> Path:
     """Append `n step_id attempt pid monotonic` for this start; the directory's path."""
     where = Path(ctx.input["dir"])
     with (where / "starts.log").open("a") as f:
-        f.write(f"{ctx.input['n']} {ctx.step_id} {ctx.attempt} {os.getpid()} "
+        f.write(f"{ctx.input['n'] if n is None else n} {ctx.step_id} {ctx.attempt} {os.getpid()} "
                 f"{time.monotonic():.6f}\n")  # fmt: skip
     return where
 
@@ -44,14 +44,23 @@ def step(ctx: cyclone.StepContext) -> int:
     return ctx.input["n"]
 
 
+# Two steps leased at once (neither waits for the other): a short one, then, queued behind
+# it in its worker's name, one with a timeout.
 timed = cyclone.Workflow("proc-queued-timed")
+
+
+@timed.task(max_attempts=1)
+def short(ctx: cyclone.StepContext) -> int:
+    note(ctx, 0)
+    time.sleep(0.15)
+    return 0
 
 
 @timed.task(timeout=TIMEOUT, max_attempts=1)
 def until_after(ctx: cyclone.StepContext) -> int:
-    """Run until 50 ms past TIMEOUT after the start of step `n - 1` of the same directory
-    (which ran before this one, and whose lease was taken no later than this one's)."""
-    where = note(ctx)
-    before = next(t for n, _, _, _, t in starts(where) if n == ctx.input["n"] - 1)
+    """Run until 50 ms past TIMEOUT after `short` started (which ran before this one, and
+    whose lease was taken no later than this one's)."""
+    where = note(ctx, 1)
+    before = next(t for n, _, _, _, t in starts(where) if n == 0)
     time.sleep(max(0.0, before + TIMEOUT + 0.05 - time.monotonic()))
-    return ctx.input["n"]
+    return 1

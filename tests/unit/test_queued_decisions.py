@@ -100,16 +100,18 @@ def test_a_revoked_queued_lease_goes_to_the_dispatcher(h: Harness) -> None:
     assert h.ops.signals_to(pid) == []  # the running step is not the one revoked
 
 
-def test_a_step_started_from_the_queue_after_a_kill_for_the_one_before_goes_back(
+def test_a_step_started_from_the_queue_after_a_kill_for_the_one_before_is_watched(
     h: Harness,
 ) -> None:
+    """As a step leased after the one its worker was killed for (test_supervisor_decisions):
+    the arbiter knows the worker holds it, and fails it as crashed once the worker is dead."""
     pid = h.started()[0]
     h.lease(pid, step_id=7, kill_after=1.0)
     queue(h, pid, 8)
     h.clock.advance(1.01)
     h.arbiter.tick()  # step 7 ran past its timeout: SIGTERM
     took(h, pid, 8, finished=7)  # it had finished a moment before, and started 8
+    assert h.arbiter.children[pid].lease.step_id == 8
     h.exit(pid, ExitStatus(code=channel.ExitCode.STOPPED))
-    assert h.store.failed == []
-    assert h.store.released == [(8, tok(8))]  # its attempt not spent
+    assert [(f[0], f[2]) for f in h.store.failed] == [(8, ErrorKind.CRASHED)]
     assert h.arbiter.kills == {KillReason.TIMEOUT: 1}
