@@ -82,6 +82,10 @@ log = logging.getLogger(__name__)
 # short gives back more than it takes (bench/README.md, "runtime.py"). Workers all waiting:
 # sent at once.
 LINGER = 0.001
+# With no worker waiting (only tasks finished by workers that moved on to a queued lease), a
+# batch waits this long for more: each worker holds AHEAD steps, so none runs dry meanwhile,
+# and a statement for more steps costs PostgreSQL less a step.
+TAKEN_LINGER = 0.004
 # Sessions whose statements may run at once: one alone would keep every batch on one server
 # process, and so on one core, however many the server has.
 SESSIONS = 2
@@ -364,7 +368,7 @@ class Dispatcher:
         first answer wakes the loop (a time already past would have it spin until then)."""
         times = []
         if (self.pending or self.taken) and self.first_at:
-            times.append(max(self.first_at + LINGER, self.own_until))
+            times.append(max(self.first_at + self.linger(), self.own_until))
         if self.parked and not self.arm:
             times.append(self.parked_at + self.poll)
         if len(self.sessions) >= self.size and all(s.busy for s in self.sessions):
@@ -372,6 +376,14 @@ class Dispatcher:
         if self.expiry < math.inf:
             times.append(self.expiry + EXPIRY_SLACK)  # needs no session: see expire
         return min(times, default=None)
+
+    def linger(self) -> float:
+        return LINGER if self.pending else TAKEN_LINGER
+
+    def only_taken(self) -> bool:
+        """Whether what waits to be sent is only tasks finished by workers that moved on (no
+        worker waits for an answer): the loop may let more lines pile up (Supervisor.wait)."""
+        return bool(self.taken) and not self.pending
 
     def want(self, handle: Any, message: channel.Want | channel.Took, held: Any = None) -> None:
         if message.duration is not None:
@@ -600,7 +612,7 @@ class Dispatcher:
         running = sum(
             1 for h in arbiter.children.values() if h.lease is not None and h.kill is None
         ) - sum(1 for _, w in self.pending if w.finished)
-        if (running > 0 or not self.pending) and now < self.first_at + LINGER:
+        if (running > 0 or not self.pending) and now < self.first_at + self.linger():
             return
         session = self.free_session()
         if session is None:

@@ -429,7 +429,7 @@ def test_the_loop_wakes_for_the_linger_the_pause_an_expiry_or_an_answer_never_a_
     assert d.next_at() == d.expiry + dispatch_module.EXPIRY_SLACK
     assert d.expiry == min(r.until for r in harness.arbiter.children[1].queued)
     harness.took(1, harness.finished(first, "one"))
-    assert d.next_at() == d.first_at + dispatch_module.LINGER
+    assert d.next_at() == d.first_at + dispatch_module.TAKEN_LINGER  # no worker waits
     d.own_until = time.monotonic() + 5  # workers lease on their own: nothing to send till then
     assert d.next_at() == min(d.own_until, d.expiry + dispatch_module.EXPIRY_SLACK)
     d.own_until = 0.0
