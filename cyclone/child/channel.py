@@ -12,11 +12,15 @@ A line is a verb, optionally followed by a space and a JSON object:
     idle {"step_id": 8, "token": "..."}
     scanned {"at": 1767225600.5, "ok": true, "counts": {"deadlines": 1, "expired_leases": 0}}
     want {"lease": true, "duration": 0.004, "finished": {"step_id": 7, "token": "...", ...}}
+    took {"step_id": 9, "token": "...", "at": 81234.7, "duration": 0.004, "finished": {...}}
     exit {"code": 4}
 
-and, the other way, the supervisor's answer to a `want` (see cyclone/supervisor/dispatch.py):
+and, the other way, the supervisor's answer to a `want`, the leases it queues in a worker's
+name, and a queued lease taken back (see cyclone/supervisor/dispatch.py):
 
     given {"recorded": true, "since": 81234.6, "lease": {"id": 8, "lease_token": "...", ...}}
+    queued {"since": 81234.6, "until": 81234.85, "lease": {"id": 9, "lease_token": "...", ...}}
+    drop {"step_id": 9, "token": "..."}
 
 Times are durations read from the database clock (`kill_after`, `deadline_left`, seconds from
 the lease), which the supervisor adds to its own monotonic clock: wall clocks of different hosts
@@ -195,6 +199,47 @@ class Given:
 
 @quick_init
 @dataclass(frozen=True, slots=True)
+class Took:
+    """The worker started a lease from its queue (`Queued`) at `at` (the host's monotonic
+    clock), having finished the task in `finished` (a dispatch.Finished's fields, `duration`
+    long), if any, for the supervisor to record with its next statement. Without `finished`,
+    the step before was reported by a `done` line of its own (written just before), or there
+    was none. The worker wrote this line before it checked that the lease was still young
+    (`Queued.until`): one that was not, it gives back at once (`idle`)."""
+
+    verb: ClassVar[str] = "took"
+    step_id: int
+    token: str
+    at: float
+    duration: float | None = None
+    finished: dict[str, Any] | None = None
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A lease the supervisor took in this worker's name (a row of steps_dispatch, its
+    statement sent at `since`): the worker starts it once it finishes what it runs, if that is
+    no later than `until` (the host's monotonic clock); later, it is no longer the worker's."""
+
+    verb: ClassVar[str] = "queued"
+    lease: dict[str, Any]
+    since: float
+    until: float
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """A queued lease the worker must not start (its run was cancelled, or failed)."""
+
+    verb: ClassVar[str] = "drop"
+    step_id: int
+    token: str
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
 class Exit:
     """The child leaves with `code`, by its own decision (`leave`). An exit status that no
     such line announced came from code the child ran: a handler's `os._exit`."""
@@ -203,10 +248,13 @@ class Exit:
     code: int
 
 
-Message = Ready | Leased | Done | Idle | Scanned | Want | Given | Exit
+Message = Ready | Leased | Done | Idle | Scanned | Want | Given | Took | Queued | Drop | Exit
 _BY_VERB: dict[str, type[Any]] = {
-    cls.verb: cls for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given, Exit)
+    cls.verb: cls
+    for cls in (Ready, Leased, Done, Idle, Scanned, Want, Given, Took, Queued, Drop, Exit)
 }
+# The lines only a supervisor sends: one from a worker is a bad message.
+SUPERVISORS = (Given, Queued, Drop)
 # How much of a failure's text travels in a `done` line: with JSON's \uXXXX escapes, even the
 # worst case stays far below MAX_LINE.
 ERROR_CHARS = 200
@@ -416,6 +464,12 @@ _KINDS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
         "recorded": _maybe(_is_flag), "lease": _maybe(_is_object), "since": _maybe(_is_num),
         "own": _is_flag, "taken": _is_flag,
     },
+    Took: {
+        "step_id": _is_id, "token": _is_uuid, "at": _is_num, "duration": _maybe(_is_num),
+        "finished": _maybe(_is_finished),
+    },
+    Queued: {"lease": _is_object, "since": _is_num, "until": _is_num},
+    Drop: {"step_id": _is_id, "token": _is_uuid},
     Exit: {"code": lambda v: type(v) is int and 0 <= v < 256},
 }  # fmt: skip
 
@@ -473,6 +527,9 @@ class Channel:
         self._view = memoryview(self._buffer)
         self._timed = True  # reads wait on the socket's own timeout, set to _timeout (seconds)
         self._timeout = 0.0
+        # For reads that do not wait (`poll`): a socket object on a copy of the descriptor
+        # (closing it closes the copy only); False when the channel is no socket (a pipe).
+        self._nowait: socket.socket | bool | None = None
         self.pid = os.getpid()
         global _opened
         _opened = self
@@ -513,6 +570,39 @@ class Channel:
             if not self._received:
                 return None
         return decode(self._received.pop(0))
+
+    def poll(self) -> list[Message]:
+        """The supervisor's lines that came already, without waiting: one system call when
+        none did (a receive that does not block). EOFError once the supervisor is gone."""
+        lines, self._received = self._received, []
+        while True:
+            size = self._read_now()
+            if size is None:
+                break
+            if not size:
+                raise EOFError("the supervisor closed the channel")
+            lines += self._incoming.feed(self._view[:size].tobytes())
+            if size < READ_SIZE:
+                break  # what was there is read; a line still coming is read next time
+        return [decode(line) for line in lines]
+
+    def _read_now(self) -> int | None:
+        sock = self._nowait
+        if sock is None:
+            copy = os.dup(self.fd)
+            try:
+                sock = self._nowait = socket.socket(fileno=copy)
+            except OSError:
+                os.close(copy)
+                sock = self._nowait = False
+        if sock is False:
+            if not select.select([self.fd], [], [], 0)[0]:
+                return None
+            return os.readv(self.fd, [self._buffer])
+        try:
+            return sock.recv_into(self._buffer, READ_SIZE, socket.MSG_DONTWAIT)  # type: ignore[union-attr]
+        except BlockingIOError:
+            return None
 
     def _read(self, timeout: float) -> int | None:
         """Read what came into the buffer, waiting at most `timeout`: how many bytes (0: the

@@ -208,6 +208,18 @@ def dispatch(
         params.update(done="[]", step_ids="{}", last_runs="{}")
 
 
+def aged(row: dict[str, Any], age: float) -> dict[str, Any]:
+    """A lease row taken `age` seconds ago, as a worker starts its step now: the run's deadline
+    is that much nearer (the arbiter and the worker count what is left from now); the step's
+    timeout, which bounds the attempt, is counted from now."""
+    left, kill_after = row["deadline_left"], row["kill_after"]
+    if left is None:
+        return row
+    if kill_after is not None and kill_after >= left:
+        kill_after = kill_after - age  # the deadline is what kills it
+    return {**row, "deadline_left": left - age, "kill_after": kill_after}
+
+
 def lease_of(row: dict[str, Any], lease_ttl: float) -> Lease:
     """The Lease a worker runs, from a lease row of `dispatch` (its times as JSON wrote them)."""
     deadline = row["deadline_at"]

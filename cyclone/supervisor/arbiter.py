@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Callable
+from typing import Any
 
 from cyclone.child import channel
 from cyclone.child.lease import RenewalBoard, lease_trust
@@ -143,12 +144,20 @@ class Arbiter:
         reload: Reloader | None = None,
         watcher: Watcher | None = None,
         events: Events | None = None,
-        wants: Callable[[WorkerHandle, channel.Want], None] | None = None,
+        # The dispatcher's: (handle, want) for a `want`, (handle, took, finished lease) for a
+        # `took`.
+        wants: Callable[..., None] | None = None,
         renewer: Renewals | None = None,
         board: RenewalBoard | None = None,
         traces: Traces | None = None,
+        give_back: Callable[[list[Any]], None] | None = None,
     ) -> None:
         self.config = config
+        # Leases queued for a worker that left without starting them go back through this
+        # (the dispatcher's steps_release); without it, they lapse.
+        self.give_back = give_back
+        # A queued lease found revoked goes to this (the dispatcher tells the worker to drop it).
+        self.revoke_queued: Callable[[WorkerHandle, Any], None] | None = None
         self.traces = traces
         self.renewer = renewer
         self.board = board
@@ -336,8 +345,8 @@ class Arbiter:
             for line in lines:
                 try:
                     message = channel.decode(line)
-                    if isinstance(message, channel.Given):
-                        raise channel.ProtocolError("given is the supervisor's to send")
+                    if isinstance(message, channel.SUPERVISORS):
+                        raise channel.ProtocolError(f"{message.verb} is the supervisor's to send")
                     self.on_message(handle, message)
                 except channel.ProtocolError as exc:
                     self.bad_message(handle, str(exc))
@@ -364,10 +373,7 @@ class Arbiter:
             handle.booted = True
             self.boot_failures = 0
         elif isinstance(message, channel.Leased):
-            handle.lease = held_lease(message, now)
-            self.events.leased(handle.lease)
-            if self.traces is not None:
-                self.traces.started(handle.lease)
+            self.watch_lease(handle, message, now)
         elif isinstance(message, channel.Done):
             # Only a report naming the step and its token ends a lease's watch: a line the
             # handler forged would otherwise switch its own timeout off.
@@ -380,6 +386,10 @@ class Arbiter:
                 handle.lease = None  # a lease taken for it and never started, given back
         elif isinstance(message, channel.Exit):
             handle.exit_said = message.code
+        elif isinstance(message, channel.Took):
+            held = self.took(handle, message, now)
+            if self.wants is not None:
+                self.wants(handle, message, held)
         elif isinstance(message, channel.Want) and self.wants is not None:
             self.wants(handle, message)
         elif isinstance(message, channel.Scanned):
@@ -402,6 +412,37 @@ class Arbiter:
         handle.steps += 1
         self.on_message(handle, leased)
         return finished
+
+    def took(self, handle: WorkerHandle, message: channel.Took, now: float) -> HeldLease | None:
+        """The worker started a lease queued in its name (supervisor/dispatch.py), having
+        finished the step it held (returned: its outcome is known once the supervisor's next
+        statement recorded it), if the line says so. Its step's timeout counts from when the
+        worker started it, not from when it was queued. A lease no longer queued for it (given
+        back as too old: the worker then found it too old too, and does not run it) is not."""
+        finished = None
+        if message.finished is not None:
+            f = message.finished
+            if self.names(handle.lease, f["step_id"], f["token"]):
+                finished, handle.lease = handle.lease, None
+            handle.steps += 1
+        key = (message.step_id, message.token)
+        ready = next((r for r in handle.queued if r.key == key), None)
+        if ready is None:
+            return finished
+        handle.queued.remove(ready)
+        # The worker's clock is the host's monotonic clock, as ours; its word is bounded by
+        # what we know: not before the lease was taken, not after we read the line.
+        at = min(max(message.at, ready.sent), now)
+        self.watch_lease(handle, ready.started(at), at)
+        if ready.revoked:
+            self.notified = True  # started before it read the `drop`: killed at once
+        return finished
+
+    def watch_lease(self, handle: WorkerHandle, message: channel.Leased, now: float) -> None:
+        handle.lease = held_lease(message, now)
+        self.events.leased(handle.lease)
+        if self.traces is not None:
+            self.traces.started(handle.lease)
 
     def step_finished(self, lease: HeldLease | None, done: channel.Done) -> None:
         """A step's outcome, for the lease it was: from its worker's `done`, or once recorded
@@ -436,6 +477,12 @@ class Arbiter:
             self.ops.close(handle.fd)
             if self.board is not None:
                 self.board.give_back(handle.slot)  # dead: nobody reads that slot any more
+            if handle.queued:
+                # Its last lines are read: the leases queued for it that it never started
+                # go back, their attempts not spent (without a dispatcher, they lapse).
+                queued, handle.queued = handle.queued, []
+                if self.give_back is not None:
+                    self.give_back(queued)
             self.after_exit(handle, status)
         if (self.draining or self.halted) and not self.children:
             self.finished = True
@@ -578,6 +625,8 @@ class Arbiter:
     def check_revocations(self) -> None:
         """Kill workers whose lease the database revoked (run cancelled, failed, overdue)."""
         held = {h.lease.step_id: h.lease.token for h in self.busy() if h.kill is None}
+        queued = {r.key[0]: (h, r) for h in self.workers() for r in h.queued if not r.revoked}
+        held.update((step_id, r.key[1]) for step_id, (_, r) in queued.items())
         now = self.clock()
         if not held or not (self.notified or now >= self.next_poll):
             return
@@ -591,6 +640,9 @@ class Arbiter:
             self.next_poll = now + DB_RETRY
             return
         self.revocation_outage.succeeded()
+        for step_id, (handle, ready) in queued.items():
+            if revoked.get(step_id, FINISHED) != FINISHED and self.revoke_queued is not None:
+                self.revoke_queued(handle, ready)
         for handle in self.busy():
             lease = handle.lease
             if lease is None or lease.step_id not in revoked or handle.kill is not None:

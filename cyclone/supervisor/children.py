@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from cyclone.child import channel
 from cyclone.child.channel import ExitCode, LineBuffer
@@ -132,6 +133,9 @@ class WorkerHandle:
     buffer: LineBuffer = field(default_factory=LineBuffer)
     # Its slot on the RenewalBoard (child/lease.py): where its lease's renewals are written.
     slot: int | None = None
+    # Leases queued in its name and sent to it, not started yet as far as its lines say
+    # (supervisor/dispatch.py's `Ready`s): given back once too old or once it is gone.
+    queued: list[Any] = field(default_factory=list)
     # What the OS said at the last look (supervisor/liveness.py): the /proc state letter, the
     # CPU time used (clock ticks), and since when (arbiter clock) that time has not moved.
     os_state: str = ""

@@ -14,10 +14,18 @@ for its next step. When this session fails, every worker is told to lease on its
 for a while: the supervisor's loop never waits on a database that does not answer for long.
 
 When its workers' steps are short, a `want` waiting for a whole statement is what bounds them:
-the supervisor then leases a few steps ahead (`Ready`), as River's producer fetches jobs ahead
-of its workers. A worker that finishes a task gets one of those at once, and the task is
-recorded by the next statement (`Taken`), with those of the others. A lease held ready is
-handed on only while it is young (READY_FOR), and given back when it is not.
+the supervisor then leases a few steps ahead in the name of each worker running one (`Ready`),
+as River's producer fetches jobs ahead of its workers, and sends them to that worker as they
+come (`queued`): the worker keeps them in a queue and, as it finishes a step, starts the next
+at once, saying so (`took`) with the task it finished, which the next statement records
+(`Taken`), with those of the others. No wake-up of the supervisor, no wait for an answer,
+stands between two steps. A worker holds its running lease and AHEAD queued ones at most; a
+queued lease is started only while it is young (READY_FOR, `Ready.until`), and given back when
+it is not (`expire`), or when its worker leaves without starting it (the arbiter's reaper).
+The arbiter knows every queued lease by its worker (`WorkerHandle.queued`): it starts its
+watch of one as the `took` line says (the step's timeout counts from then), checks queued
+ones for revocation (a cancelled run's queued step is dropped, `drop`), and renews none: a
+queued lease lives READY_FOR at most, far less than a lease's term.
 
 A worker that found no step asks again with `park`: its want is kept (`parked`) rather than
 answered with nothing, and sent again when a step is made ready anywhere (a notification on
@@ -31,6 +39,7 @@ workers of a VM, where each worker polled on its own before.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import socket
@@ -55,6 +64,7 @@ from cyclone.engine.dispatch import (
     RELEASE_SQL,
     Dispatched,
     Finished,
+    aged,
     dispatch_params,
     floor_params,
     release,
@@ -72,6 +82,10 @@ log = logging.getLogger(__name__)
 # short gives back more than it takes (bench/README.md, "runtime.py"). Workers all waiting:
 # sent at once.
 LINGER = 0.001
+# With no worker waiting (only tasks finished by workers that moved on to a queued lease), a
+# batch waits this long for more: each worker holds AHEAD steps, so none runs dry meanwhile,
+# and a statement for more steps costs PostgreSQL less a step.
+TAKEN_LINGER = 0.004
 # Sessions whose statements may run at once: one alone would keep every batch on one server
 # process, and so on one core, however many the server has.
 SESSIONS = 2
@@ -97,13 +111,17 @@ DURATION_WEIGHT = 0.2
 # to kill it may spend waiting: older, it is given back, its attempt not spent.
 READY_FOR = 0.25
 READY_SHARE = 0.05
-# Leases taken ahead in each worker's name. A worker that finds none waits for a whole
-# statement: with 1, 2, 3 and 4 of them, 4 workers with no-op steps found one for 50%, 70%,
-# 84% and 93% of their steps (bench/README.md, "The supervisor leases for its workers").
-AHEAD = 4
+# Leases queued in each worker's name, at most. A worker that finds none waits for a whole
+# statement: with 1, 2, 3 and 4 of them held ready, 4 workers with no-op steps found one for
+# 50%, 70%, 84% and 93% of their steps (bench/README.md, "The supervisor leases for its
+# workers"); queued in the worker, a lease no longer waits for the supervisor's wake-up, and 6
+# keep a worker busy while its supervisor's two sessions each run a statement.
+AHEAD = 6
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
+# The loop wakes this long after a queued lease's `until` to take it back: strictly after it.
+EXPIRY_SLACK = 0.001
 # Worker names kept made (name_of), a few times a step each.
 NAMES_KEPT = 1024
 _OWN = b'given {"own":true}\n'
@@ -133,13 +151,15 @@ class Handles(Protocol):
 
     def on_message(self, handle: Any, message: channel.Message) -> None: ...
 
+    def read_channel(self, handle: Any) -> None: ...
+
 
 Batch = list[tuple[Any, channel.Want]]
 
 
 @dataclass(slots=True)
 class Ready:
-    """A lease taken ahead for whichever worker asks next (leased in the name of `name`)."""
+    """A lease taken ahead in the name of a worker (`name`), queued for it."""
 
     row: dict[str, Any]
     sent: float  # when the statement that took it was sent: its lease started no earlier
@@ -147,13 +167,34 @@ class Ready:
     # The arbiter's config generation it was taken under: after a reload the workers may not
     # serve its workflow any more, so it goes back instead.
     generation: int = 0
+    told: bool = False  # its `queued` line was sent to the worker
+    revoked: bool = False  # its run was cancelled (or failed) while it was queued
 
     def fresh(self, now: float, generation: int) -> bool:
-        age, kill_after = now - self.sent, self.row["kill_after"]
+        return generation == self.generation and now <= self.until
+
+    @property
+    def until(self) -> float:
+        """The last moment it may be started: READY_FOR after its statement was sent, and
+        no later than READY_SHARE of its step's time to kill."""
+        kill_after = self.row["kill_after"]
+        if kill_after is None:
+            return self.sent + READY_FOR
+        return self.sent + min(READY_FOR, READY_SHARE * kill_after)
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.row["id"], self.row["lease_token"]
+
+    def started(self, at: float) -> channel.Leased:
+        """The `leased` report of its step as its worker started it, at `at`."""
+        return leased(aged(self.row, at - self.sent), self.sent)
+
+    def line(self) -> bytes:
         return (
-            generation == self.generation and age <= READY_FOR
-            and (kill_after is None or age <= READY_SHARE * kill_after)
-        )  # fmt: skip
+            f'queued {{"since":{self.sent!r},"until":{self.until!r},'
+            f'"lease":{codec.dumps(self.row)}}}\n'
+        ).encode()
 
 
 @dataclass(slots=True)
@@ -188,7 +229,7 @@ class Session:
         self.batch: Batch | None = None
         self.leasing: list[Any] = []
         self.taken: list[Taken] = []
-        self.ahead: list[str] = []  # the names of the leases it takes ahead
+        self.ahead: list[Any] = []  # the workers it takes leases ahead for
         self.releasing: list[Ready] = []  # in flight: steps_release, not steps_dispatch
         self.arming = False  # in flight: wake_arm
         self.generation = 0  # the arbiter's, as the statement in flight was sent
@@ -315,8 +356,9 @@ class Dispatcher:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.names: dict[tuple[int, int], str] = {}  # name_of's, by worker number and pid
-        self.ready: list[Ready] = []
         self.stale: list[Ready] = []  # to give back, with the next free session
+        self.untold: list[Any] = []  # workers with queued leases not sent to them yet
+        self.expiry = math.inf  # the soonest `until` of a queued lease (see expire)
         self.taken: list[Taken] = []
         self.duration = READY_BELOW  # the average step length workers report: none yet
 
@@ -326,18 +368,33 @@ class Dispatcher:
         first answer wakes the loop (a time already past would have it spin until then)."""
         times = []
         if (self.pending or self.taken) and self.first_at:
-            times.append(max(self.first_at + LINGER, self.own_until))
+            times.append(max(self.first_at + self.linger(), self.own_until))
         if self.parked and not self.arm:
             times.append(self.parked_at + self.poll)
-        if not times:
-            return None
         if len(self.sessions) >= self.size and all(s.busy for s in self.sessions):
-            return None
-        return min(times)
+            times = []
+        if self.expiry < math.inf:
+            times.append(self.expiry + EXPIRY_SLACK)  # needs no session: see expire
+        return min(times, default=None)
 
-    def want(self, handle: Any, message: channel.Want) -> None:
+    def linger(self) -> float:
+        return LINGER if self.pending else TAKEN_LINGER
+
+    def only_taken(self) -> bool:
+        """Whether what waits to be sent is only tasks finished by workers that moved on (no
+        worker waits for an answer): the loop may let more lines pile up (Supervisor.wait)."""
+        return bool(self.taken) and not self.pending
+
+    def want(self, handle: Any, message: channel.Want | channel.Took, held: Any = None) -> None:
         if message.duration is not None:
             self.duration += DURATION_WEIGHT * (message.duration - self.duration)
+        if isinstance(message, channel.Took):
+            # It started a queued lease (the arbiter saw to that) having finished this task.
+            if message.finished is not None:
+                self.taken.append(Taken(held, message.finished, message.duration or 0.0))
+                if not self.first_at:
+                    self.first_at = time.monotonic()
+            return
         if self.parked:
             # Its worker asks again while parked: it is leaving (see Worker.ask).
             self.parked = [(h, w) for h, w in self.parked if h is not handle]
@@ -366,6 +423,10 @@ class Dispatcher:
         if not self.parked:
             return
         self.parked = [(h, w) for h, w in self.parked if arbiter.children.get(h.pid) is h]
+        if not arbiter.draining and any(h.queued for h, _ in self.parked):
+            # Leases were queued for it meanwhile: handed over at once (hand_over).
+            self.pending += [(h, w) for h, w in self.parked if h.queued]
+            self.parked = [(h, w) for h, w in self.parked if not h.queued]
         if arbiter.draining:
             for handle, _ in self.parked:
                 send_line(handle.fd, _NONE)
@@ -375,8 +436,10 @@ class Dispatcher:
             self.parked = []
 
     def close(self) -> None:
-        self.give_back(self.ready + self.stale)
-        self.ready, self.stale = [], []
+        # Those whose release is in flight too: the session closes under it (twice is harmless:
+        # a release is fenced by the lease's token).
+        self.give_back(self.stale + [r for s in self.sessions for r in s.releasing])
+        self.stale = []
         for session in self.sessions:
             self.unwatch(session.watched)
             session.close()
@@ -384,30 +447,27 @@ class Dispatcher:
 
     # --- leases taken ahead -------------------------------------------------------------------
 
-    def hand_over(self, arbiter: Handles) -> None:
-        """Answer at once each worker that finished a task, from the leases taken ahead."""
-        now = time.monotonic()
-        if self.ready:
-            fresh: list[Ready] = []
-            for ready in self.ready:
-                (fresh if ready.fresh(now, arbiter.generation) else self.stale).append(ready)
-            self.ready = fresh
+    def hand_over(self, arbiter: Handles, now: float) -> None:
+        """Answer at once each worker that waits for a step while leases are queued in its
+        name (its `want` crossed their lines, or it waited when they came): the first of
+        them, which it then drops from its own queue."""
         if self.stale and (session := self.free_session()) is not None:
             stale, self.stale = self.stale, []
             try:
                 session.send_release(stale)
             except psycopg.Error as exc:
                 self.failed(session, exc, arbiter)
-        if not self.ready:
-            return
         waiting: Batch = []
         for handle, want in self.pending:
             finished = want.finished
             step_id = finished["step_id"] if finished else None
-            if not (self.ready and want.lease and arbiter.may_lease(handle, step_id)):
+            while handle.queued and handle.queued[0].revoked:
+                # Its worker drops it (the `drop` line came before this answer will).
+                handle.queued.pop(0)
+            if not (handle.queued and want.lease and arbiter.may_lease(handle, step_id)):
                 waiting.append((handle, want))
                 continue
-            ready = self.take_ready(self.name_of(handle))
+            ready = handle.queued.pop(0)
             ready.row = aged(ready.row, now - ready.sent)
             report = leased(ready.row, ready.sent)
             if finished is None:
@@ -421,6 +481,64 @@ class Dispatcher:
             send_line(handle.fd, f"given {codec.dumps(body)}\n".encode())
         self.pending = waiting
 
+    def queue(self, handle: Any, ready: Ready) -> None:
+        """Queue a lease taken ahead in this worker's name (sent to it by `tell`)."""
+        if not any(not r.told for r in handle.queued):
+            self.untold.append(handle)
+        handle.queued.append(ready)
+        self.expiry = min(self.expiry, ready.until)
+
+    def tell(self, arbiter: Handles) -> None:
+        """Send each worker the leases queued for it since, in one write."""
+        untold, self.untold = self.untold, []
+        for handle in untold:
+            lines = [r for r in handle.queued if not r.told]
+            if not lines or arbiter.children.get(handle.pid) is not handle:
+                continue
+            for ready in lines:
+                ready.told = True
+            # A worker that does not read them (gone, frozen) never starts them: they expire.
+            send_line(handle.fd, b"".join(r.line() for r in lines))
+
+    def expire(self, arbiter: Handles, now: float) -> None:
+        """Take back the queued leases no longer young (`Ready.until` passed), for steps_release.
+
+        Its worker's lines are read first, to their end: a worker writes `took` before it
+        checks the lease's age against the same `until`, on the same clock, so a lease it
+        started has its line read here, and one whose line is not there was not started (nor
+        will be: the worker finds it too old). Revoked ones go the same way (a release of
+        those changes nothing)."""
+        if now <= self.expiry:
+            return
+        soonest = math.inf
+        for handle in list(arbiter.children.values()):
+            if not handle.queued:
+                continue
+            if any(now > r.until for r in handle.queued):
+                arbiter.read_channel(handle)
+                kept = []
+                for ready in handle.queued:
+                    (kept if now <= ready.until else self.stale).append(ready)
+                handle.queued = kept
+            soonest = min([soonest, *(r.until for r in handle.queued)])
+        self.expiry = soonest
+
+    def release_later(self, queued: list[Ready]) -> None:
+        """Give back leases queued for a worker that left without starting them (the arbiter
+        saw its exit, and read its last lines): with the next free session."""
+        self.stale += queued
+
+    def revoked(self, handle: Any, ready: Ready) -> None:
+        """A queued lease's run was cancelled or failed: its worker must not start it."""
+        if ready.revoked:
+            return
+        ready.revoked = True
+        if not ready.told:
+            handle.queued.remove(ready)  # never sent: nothing to take back
+            return
+        step_id, token = ready.key
+        send_line(handle.fd, f'drop {{"step_id":{step_id},"token":"{token}"}}\n'.encode())
+
     def name_of(self, handle: Any) -> str:
         """The worker's name in leased_by: what it would write itself (child/proctitle.py)."""
         key = (handle.number, handle.pid)
@@ -431,30 +549,21 @@ class Dispatcher:
             name = self.names[key] = worker_name(self.host, self.pid, handle.number, handle.pid)
         return name
 
-    def take_ready(self, name: str) -> Ready:
-        """The lease taken ahead in this worker's name, else the oldest."""
-        for i, ready in enumerate(self.ready):
-            if ready.name == name:
-                return self.ready.pop(i)
-        return self.ready.pop(0)
-
-    def ahead(self, arbiter: Handles, leasing: list[Any]) -> list[str]:
-        """Names to lease ahead for: AHEAD leases for each worker about to run a step (in
-        `leasing`) or running one for less than READY_BELOW, in its name, when the steps are
-        short (READY_BELOW), less those ready or being taken already."""
+    def ahead(self, arbiter: Handles, leasing: list[Any]) -> list[Any]:
+        """The workers to lease ahead for, once per lease: AHEAD queued for each worker about
+        to run a step (in `leasing`) or running one for less than READY_BELOW, when the
+        steps are short (READY_BELOW), less those queued or being taken already."""
         if self.duration >= READY_BELOW or arbiter.draining:
             return []
-        asked = Counter(r.name for r in self.ready)
-        for session in self.sessions:
-            asked.update(session.ahead)
+        asked = Counter(id(h) for session in self.sessions for h in session.ahead)
         serving = {id(h) for h in leasing}
         # A worker whose step has run this long already is not about to ask.
         recent = time.monotonic() - READY_BELOW
         return [
-            name for h in arbiter.children.values()
+            h for h in arbiter.children.values()
             if (id(h) in serving or (h.lease is not None and h.lease.leased_at >= recent))
             and arbiter.may_lease(h, h.lease.step_id if h.lease is not None else None)
-            for name in [self.name_of(h)] * (AHEAD - asked[self.name_of(h)])
+            for _ in range(AHEAD - len(h.queued) - asked[id(h)])
         ]  # fmt: skip
 
     def give_back(self, ready: list[Ready]) -> None:
@@ -477,6 +586,7 @@ class Dispatcher:
         # perhaps reused by a newer worker's): nothing is sent to it.
         self.pending = [(h, w) for h, w in self.pending if arbiter.children.get(h.pid) is h]
         now = time.monotonic()
+        self.expire(arbiter, now)
         self.unpark(arbiter, now)
         if self.arm and not self.arm_sent and (session := self.free_session()) is not None:
             self.arm_sent, self.arm_wakes = True, self.wakes
@@ -488,8 +598,11 @@ class Dispatcher:
             batch, self.pending = self.pending, []
             for handle, _ in batch:
                 send_line(handle.fd, _OWN)
+            self.tell(arbiter)
             return
-        self.hand_over(arbiter)
+        self.hand_over(arbiter, now)
+        if self.untold:
+            self.tell(arbiter)
         if not (self.pending or self.taken):
             return
         if not self.first_at:
@@ -499,7 +612,7 @@ class Dispatcher:
         running = sum(
             1 for h in arbiter.children.values() if h.lease is not None and h.kill is None
         ) - sum(1 for _, w in self.pending if w.finished)
-        if (running > 0 or not self.pending) and now < self.first_at + LINGER:
+        if (running > 0 or not self.pending) and now < self.first_at + self.linger():
             return
         session = self.free_session()
         if session is None:
@@ -519,7 +632,7 @@ class Dispatcher:
             leasing = leasing[:room]
         ahead = self.ahead(arbiter, leasing) if room is None else []
         params = dispatch_params(
-            finished, [self.name_of(h) for h in leasing] + ahead,
+            finished, [self.name_of(h) for h in leasing + ahead],
             workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
         )  # fmt: skip
         params.update(floor_params(session.floor))
@@ -544,7 +657,9 @@ class Dispatcher:
             self.queue_of(h.lease.workflow) for h in arbiter.children.values()
             if h.lease is not None and id(h) not in finishing
         )  # fmt: skip
-        held.update(self.queue_of(r.row["workflow"]) for r in self.ready)
+        held.update(
+            self.queue_of(r.row["workflow"]) for h in arbiter.children.values() for r in h.queued
+        )  # fmt: skip
         flying = sum(len(s.leasing) + len(s.ahead) for s in self.sessions if s.batch is not None)
         spare = {queue: cap - held[queue] - flying for queue, cap in caps.items()}
         allowed = tuple(w for w in served if spare.get(self.queue_of(w), 1) > 0)
@@ -619,11 +734,26 @@ class Dispatcher:
             arbiter.step_finished(taken_one.held, channel.Done(
                 step_id, outcome, taken_one.duration, token=taken_one.finished["token"]
             ))  # fmt: skip
-        for i in range(len(ahead)):
+        now = time.monotonic()
+        for i, handle in enumerate(ahead):
             row = result.leases.get(len(leasing) + i)
-            if row is not None:
-                self.ready.append(Ready(row, sent, ahead[i], session.generation))
+            if row is None:
+                continue
+            ready = Ready(row, sent, self.name_of(handle), session.generation)
+            if self.may_queue(handle, ready, arbiter, now):
+                self.queue(handle, ready)
+            else:
+                self.stale.append(ready)
         self.flush(arbiter)
+
+    def may_queue(self, handle: Any, ready: Ready, arbiter: Handles, now: float) -> bool:
+        """Whether a lease taken ahead in this worker's name is queued for it: not when it
+        left, leaves, was killed, serves an old config, or holds AHEAD already."""
+        return (
+            arbiter.children.get(handle.pid) is handle and ready.fresh(now, arbiter.generation)
+            and handle.generation == arbiter.generation and len(handle.queued) < AHEAD
+            and arbiter.may_lease(handle, handle.lease.step_id if handle.lease else None)
+        )  # fmt: skip
 
     def answer(
         self, result: Dispatched, batch: Batch, leasing: list[Any], sent: float,
@@ -698,18 +828,6 @@ class Dispatcher:
         self.own_until = time.monotonic() + OWN_FOR
         for handle, _ in batch:
             send_line(handle.fd, _OWN)
-
-
-def aged(row: dict[str, Any], age: float) -> dict[str, Any]:
-    """A lease row taken `age` seconds ago, as a worker starts its step now: the run's deadline
-    is that much nearer (the arbiter and the worker count what is left from now); the step's
-    timeout, which bounds the attempt, is counted from now."""
-    left, kill_after = row["deadline_left"], row["kill_after"]
-    if left is None:
-        return row
-    if kill_after is not None and kill_after >= left:
-        kill_after = kill_after - age  # the deadline is what kills it
-    return {**row, "deadline_left": left - age, "kill_after": kill_after}
 
 
 def leased(row: dict[str, Any], sent: float) -> channel.Leased:

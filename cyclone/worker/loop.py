@@ -9,7 +9,7 @@ import signal
 import socket
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -29,7 +29,7 @@ from cyclone.child.process import (
 from cyclone.child.proctitle import set_title, worker_name, worker_title
 from cyclone.context import CancelEvent, Effects
 from cyclone.db import HOT_PLANS, connect, with_options
-from cyclone.engine.dispatch import finished_json, lease_of
+from cyclone.engine.dispatch import aged, finished_json, lease_of
 from cyclone.engine.steps import Lease
 from cyclone.engine.versions import Served
 from cyclone.logs import StepFields, json_handlers
@@ -109,6 +109,9 @@ class Worker:
         self.served = Served(registry.only(lambda wf: wf.name in self.workflows))
         self.own_until = 0.0  # leasing on its own until then, though dispatch is on
         self.given = False  # the held lease came from the supervisor, which reported it
+        # Leases the supervisor took in this worker's name (supervisor/dispatch.py), started
+        # in turn as the steps before them end, each while still young (`Queued.until`).
+        self.queue: deque[channel.Queued] = deque()
         # Set by the keeper when a signal arrives: wakes the idle main thread.
         self.nudge = threading.Event()
         # Trace ids of recent runs, for JSON log lines (see trace_of).
@@ -297,6 +300,10 @@ class Worker:
             log.warning("step %d: could not give its lease back: %s", lease.step_id, exc)
 
     def lease(self) -> Lease | None:
+        if self.queue_ready():
+            nxt = self.start_queued(b"")
+            if nxt is not None:
+                return nxt
         if self.dispatching():
             if self.idle_reported:
                 given = self.ask(b'want {"lease":true,"park":true}\n', parked=True)
@@ -351,6 +358,8 @@ class Worker:
                 if message.own:
                     self.own_until = time.monotonic() + OWN_FOR
                 return message
+            if message is not None:
+                self.take_line(message)
             check_parent(self.parent)
 
     def from_given(self, given: channel.Given) -> Lease | None:
@@ -358,7 +367,72 @@ class Worker:
             return None
         self.lease_sent = given.since if given.since is not None else time.monotonic()
         self.given = True
+        if self.queue:
+            # One of its queued leases, handed over in answer to a `want` that crossed it.
+            step_id = given.lease["id"]
+            self.queue = deque(q for q in self.queue if q.lease["id"] != step_id)
         return lease_of(given.lease, self.options.lease_ttl)
+
+    # --- leases queued in its name ------------------------------------------------------------
+
+    def take_line(self, message: channel.Message) -> None:
+        """A line of the supervisor's other than the answer to a `want`."""
+        if isinstance(message, channel.Queued):
+            self.queue.append(message)
+        elif isinstance(message, channel.Drop) and self.queue:
+            self.queue = deque(
+                q for q in self.queue
+                if (q.lease["id"], q.lease["lease_token"]) != (message.step_id, message.token)
+            )  # fmt: skip
+
+    def queue_ready(self) -> bool:
+        """Whether a queued lease waits to be started next (the lines that came are read
+        first, without waiting: a `drop` among them is heeded)."""
+        if not self.options.dispatch or not self.wants_next():
+            return False
+        try:
+            messages = self.channel.poll()
+        except (EOFError, OSError):
+            raise ChildExit(ExitCode.ORPHANED) from None
+        for message in messages:
+            self.take_line(message)
+        return bool(self.queue)
+
+    def start_queued(
+        self, before: bytes, finished: str | None = None, duration: float | None = None
+    ) -> Lease | None:
+        """Start the first queued lease still young, saying so (`took`, with `before` and the
+        finished task, if any, for the supervisor to record); None when none was.
+
+        The line is written before the lease's age is checked, and the clock read after the
+        write: a lease started at all was started no later than `until`, and its line was in
+        the supervisor's socket by then. The supervisor gives a queued lease back only once
+        `until` passed and it read its worker's lines to the end, so it never gives back one
+        that runs (dispatch.py, `Dispatcher.expire`)."""
+        if self.unsent is not None:
+            before = channel.encode(self.unsent) + before
+            self.unsent = None
+        while self.queue:
+            queued = self.queue.popleft()
+            row = queued.lease
+            at = time.monotonic()
+            line = f'took {{"step_id":{row["id"]},"token":"{row["lease_token"]}","at":{at!r}'
+            if finished is not None:
+                line += f',"duration":{duration!r},"finished":{finished}'
+            self.channel.send_raw(before + line.encode() + b"}\n")
+            before, finished = b"", None
+            if time.monotonic() <= queued.until:
+                self.lease_sent = queued.since
+                self.given = True  # the supervisor learns of it from that line
+                return lease_of(aged(row, at - queued.since), self.options.lease_ttl)
+            # Too old to start: no longer this worker's. Given back (its attempt not spent),
+            # as the supervisor would have, had it read the line a moment later.
+            self.channel.send(channel.Idle(step_id=row["id"], token=row["lease_token"]))
+            try:
+                engine.release_step(self.db(), row["id"], row["lease_token"])
+            except psycopg.Error as exc:
+                log.warning("step %d: could not give its lease back: %s", row["id"], exc)
+        return None
 
     def db(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
@@ -386,6 +460,9 @@ class Worker:
         done = CancelEvent()
         effects = Effects(self.effects_db, lease.step_id, lease.token)
         self.keeper.hold(lease, done, leased_at)
+        # Its duration counts from here: a lease may have waited in the queue since it was
+        # taken, and the supervisor leases ahead only for steps that are short themselves.
+        started = time.monotonic()
         try:
             outcome = runner.execute(self.db(), self.registry, lease, done=done, effects=effects)
         finally:
@@ -400,48 +477,74 @@ class Worker:
         outcome, written = self.settle(lease, outcome, effects)
         nxt = None
         if written is None:
-            given = self.hand_over(lease, outcome, leased_at)
+            if self.queue_ready():
+                return self.on_to_queued(lease, outcome, started, renewed_at)
+            given = self.hand_over(lease, outcome, started)
             if given is not None:
                 # The supervisor recorded the step and reported it: nothing more to say.
                 if given.recorded is False:
                     log.warning("step %d: lease lost, result discarded", lease.step_id)
                 return self.from_given(given)
             written, nxt = self.record(lease, outcome, renewed_at)
-            if self.record_outage is not None:  # the database answered again
-                self.record_outage.succeeded()
-                self.record_outage = None
-        result = "lost" if not written else ("completed" if outcome.ok else "failed")
-        if result == "completed" and lease.is_fanout:
-            result = channel.EXPANDED  # a map's items are its steps: this row is none
-        duration = time.monotonic() - leased_at
-        report = channel.Done(
-            step_id=lease.step_id, outcome=result, duration=duration,
-            error=None if outcome.ok else channel.first_line(outcome.error),
-            retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
-            token=lease.token,
-        )  # fmt: skip
+        report = self.report(lease, outcome, written, started)
         if nxt is None:
             self.channel.send(report)
         else:
             # The next step starts at once: its `leased` line carries this `done` along.
             self.unsent = report
-        if not written:
-            log.warning("step %d: lease lost, result discarded", lease.step_id)
         return nxt
 
-    def hand_over(
-        self, lease: Lease, outcome: runner.Outcome, leased_at: float
-    ) -> channel.Given | None:
-        """Have the supervisor record a finished task and lease the next step with it; None
-        when this step is not one it can record (see dispatch.py), or it said to lease alone."""
+    def on_to_queued(
+        self, lease: Lease, outcome: runner.Outcome, started: float, renewed_at: float
+    ) -> Lease | None:
+        """Start the next queued lease: the finished task goes to the supervisor with the
+        line that says so, or is recorded here first when it is not one the supervisor can
+        record (then its `done` goes along)."""
+        finished = self.finished_text(lease, outcome)
+        if finished is not None:
+            line_room = channel.MAX_LINE - 300  # the rest of the `took` line
+            if len(finished) <= line_room:
+                return self.start_queued(b"", finished, time.monotonic() - started)
+        written, _ = self.record(lease, outcome, renewed_at, lease_next=False)
+        return self.start_queued(channel.encode(self.report(lease, outcome, written, started)))
+
+    def report(
+        self, lease: Lease, outcome: runner.Outcome, written: bool, started: float
+    ) -> channel.Done:
+        """The `done` line of a step this worker recorded itself."""
+        if self.record_outage is not None:  # the database answered again
+            self.record_outage.succeeded()
+            self.record_outage = None
+        result = "lost" if not written else ("completed" if outcome.ok else "failed")
+        if result == "completed" and lease.is_fanout:
+            result = channel.EXPANDED  # a map's items are its steps: this row is none
+        if not written:
+            log.warning("step %d: lease lost, result discarded", lease.step_id)
+        return channel.Done(
+            step_id=lease.step_id, outcome=result, duration=time.monotonic() - started,
+            error=None if outcome.ok else channel.first_line(outcome.error),
+            retry=None if outcome.ok else outcome.retry and lease.attempt < lease.max_attempts,
+            token=lease.token,
+        )  # fmt: skip
+
+    def finished_text(self, lease: Lease, outcome: runner.Outcome) -> str | None:
+        """The finished task as the supervisor records it (dispatch.Finished's JSON), or None
+        when it is not one it can record (see dispatch.py), or it said to lease alone."""
         if not (self.dispatching() and outcome.ok and lease.kind == NodeKind.TASK):
             return None
         if outcome.encoded is None:
             return None
-        finished = finished_json(self.db(), lease, outcome.encoded)
+        return finished_json(self.db(), lease, outcome.encoded)
+
+    def hand_over(
+        self, lease: Lease, outcome: runner.Outcome, started: float
+    ) -> channel.Given | None:
+        """Have the supervisor record a finished task and lease the next step with it; None
+        when this step is not one it can record (see dispatch.py), or it said to lease alone."""
+        finished = self.finished_text(lease, outcome)
         if finished is None:
             return None
-        duration = time.monotonic() - leased_at
+        duration = time.monotonic() - started
         line = (
             f'want {{"lease":{"true" if self.wants_next() else "false"},'
             f'"duration":{duration!r},"finished":{finished}}}\n'
@@ -467,9 +570,9 @@ class Worker:
         ))  # fmt: skip
 
     def record(
-        self, lease: Lease, outcome: runner.Outcome, renewed_at: float
+        self, lease: Lease, outcome: runner.Outcome, renewed_at: float, lease_next: bool = True
     ) -> tuple[bool, Lease | None]:
-        if self.wants_next():
+        if lease_next and self.wants_next():
             try:
                 # One commit per step: the completion and the next lease travel together.
                 self.lease_sent = time.monotonic()
