@@ -151,13 +151,14 @@ class Arbiter:
         board: RenewalBoard | None = None,
         traces: Traces | None = None,
         give_back: Callable[[list[Any]], None] | None = None,
+        revoke_queued: Callable[[WorkerHandle, Any], None] | None = None,
     ) -> None:
         self.config = config
         # Leases queued for a worker that left without starting them go back through this
         # (the dispatcher's steps_release); without it, they lapse.
         self.give_back = give_back
         # A queued lease found revoked goes to this (the dispatcher tells the worker to drop it).
-        self.revoke_queued: Callable[[WorkerHandle, Any], None] | None = None
+        self.revoke_queued = revoke_queued
         self.traces = traces
         self.renewer = renewer
         self.board = board
@@ -624,11 +625,13 @@ class Arbiter:
 
     def check_revocations(self) -> None:
         """Kill workers whose lease the database revoked (run cancelled, failed, overdue)."""
+        now = self.clock()
+        if not (self.notified or now >= self.next_poll):
+            return  # the loop calls this at every wake-up: nothing gathered until it is time
         held = {h.lease.step_id: h.lease.token for h in self.busy() if h.kill is None}
         queued = {r.key[0]: (h, r) for h in self.workers() for r in h.queued if not r.revoked}
         held.update((step_id, r.key[1]) for step_id, (_, r) in queued.items())
-        now = self.clock()
-        if not held or not (self.notified or now >= self.next_poll):
+        if not held:
             return
         self.notified = False
         factor = LISTEN_POLL_FACTOR if self.notifications else 1

@@ -273,9 +273,8 @@ class Supervisor:
             factory=ChildBuilder(self.settings, self.dsn, self.registry, self.board),
             reload=self.reload if self.config_path else None, watcher=self, events=self.metrics,
             wants=self.dispatcher.want, renewer=self.renewer, board=self.board, traces=traces,
-            give_back=self.dispatcher.release_later,
+            give_back=self.dispatcher.release_later, revoke_queued=self.dispatcher.revoked,
         )  # fmt: skip
-        self.arbiter.revoke_queued = self.dispatcher.revoked
         self.metrics.watch(self.arbiter.children)
         self.ensure_listener()
         log.info("supervisor %d started", os.getpid(), extra={"action": "start"})

@@ -243,12 +243,18 @@ def test_leases_taken_ahead_are_queued_in_their_workers_name_and_sent_to_it(harn
     assert harness.states([started.lease["id"]]) == [("running", 1)]
 
 
-def test_a_want_that_crossed_its_queued_leases_is_answered_with_the_first(harness) -> None:
+def serve_one(harness) -> tuple[Any, Any]:
+    """Worker 1 served its first step, with AHEAD leases queued in its name: (the answer to
+    its want, its handle)."""
     harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
     harness.want(1)
     first = harness.answer(1)
     harness.settle()
-    one = harness.arbiter.children[1]
+    return first, harness.arbiter.children[1]
+
+
+def test_a_want_that_crossed_its_queued_leases_is_answered_with_the_first(harness) -> None:
+    first, one = serve_one(harness)
     ids = [r.row["id"] for r in one.queued]
     # Its want was written before their lines came: answered before any statement ran.
     harness.want(1, harness.finished(first, "one"))
@@ -265,11 +271,7 @@ def test_a_want_that_crossed_its_queued_leases_is_answered_with_the_first(harnes
 def test_a_queued_lease_that_no_worker_started_in_time_is_given_back(
     harness, monkeypatch
 ) -> None:
-    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
-    harness.want(1)
-    harness.answer(1)
-    harness.settle()
-    one = harness.arbiter.children[1]
+    _, one = serve_one(harness)
     ahead = [r.row["id"] for r in one.queued]
     assert len(ahead) == AHEAD
     monkeypatch.setattr(dispatch_module, "READY_FOR", 0.0)
@@ -288,11 +290,7 @@ def test_a_queued_lease_its_worker_started_in_time_is_never_given_back(
 ) -> None:
     """The worker's `took` line is in the channel, unread, as the lease's time passes: the
     supervisor reads its worker's lines before it gives any back."""
-    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
-    harness.want(1)
-    first = harness.answer(1)
-    harness.settle()
-    one = harness.arbiter.children[1]
+    first, one = serve_one(harness)
     ahead = [r.row["id"] for r in one.queued]
     started = harness.took(1, harness.finished(first, "one"), read=False)
     monkeypatch.setattr(dispatch_module, "READY_FOR", 0.0)
@@ -309,11 +307,7 @@ def test_a_queued_lease_its_worker_started_in_time_is_never_given_back(
 def test_a_queued_lease_goes_back_once_it_waited_5_percent_of_its_steps_time(
     harness,
 ) -> None:
-    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
-    harness.want(1)
-    first = harness.answer(1)
-    harness.settle()
-    one = harness.arbiter.children[1]
+    first, one = serve_one(harness)
     ahead = [r.row["id"] for r in one.queued]
     assert len(ahead) == AHEAD
     for r in one.queued:
@@ -384,11 +378,7 @@ def test_the_leases_queued_for_a_worker_gone_go_back(env: TestEnv) -> None:
 
 
 def test_a_revoked_queued_lease_is_dropped_by_its_worker(harness) -> None:
-    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
-    harness.want(1)
-    harness.answer(1)
-    harness.settle()
-    one = harness.arbiter.children[1]
+    _, one = serve_one(harness)
     ready = one.queued[1]
     harness.dispatcher.revoked(one, ready)
     harness.read(1)
@@ -420,10 +410,7 @@ def test_a_finished_step_whose_statement_failed_goes_with_the_next(harness) -> N
 def test_the_loop_wakes_for_the_linger_the_pause_an_expiry_or_an_answer_never_a_time_past(
     harness,
 ) -> None:
-    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
-    harness.want(1)
-    first = harness.answer(1)
-    harness.settle()
+    first, _ = serve_one(harness)
     d = harness.dispatcher
     # Queued leases only: the loop wakes as the first may be given back.
     assert d.next_at() == d.expiry + dispatch_module.EXPIRY_SLACK
