@@ -12,8 +12,8 @@ runs submitted through `submit_many` as fast as they drain, keeping a backlog of
 for 90 s, the completions of the last 60 s counted; the churn then submits at `--share` (80%)
 of it. Every `--window` seconds a line:
 completions/s in the window, rows and bytes (table + indexes + TOAST) of the hot tables and of
-history, dead tuples of the hot tables, autovacuum runs so far on them, and how long the oldest
-due step has waited. At the end: the first and last windows' completion rates and their ratio,
+history, dead tuples of the hot tables, autovacuum runs so far on them, how long the oldest
+due step has waited, and the share of the machine's CPU its host stole (a VM's `steal`). At the end: the first and last windows' completion rates and their ratio,
 rows kept against rate x (retention + sweep period), and bytes kept in the last windows against
 those after the first retention period.
 
@@ -184,6 +184,23 @@ def relation_bytes(env: TestEnv) -> dict[str, int]:
     return {rel["name"]: rel["bytes"] for rel in env.conn.execute(RELATIONS).fetchall()}
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """The machine's CPU time stolen by its host and in all (jiffies, /proc/stat; None off
+    Linux). On a VM a neighbour can take a third of the CPU for minutes: a churn at 80% of
+    the drain then falls behind, and the backlog it builds stays in the indexes' bytes."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
+def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    if before is None or after is None or after[1] <= before[1]:
+        return float("nan")
+    return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:7.1f}"
 
@@ -223,7 +240,7 @@ def main() -> int:
         )
         print(
             " t(s)  done/s  runs_hot  steps_hot  hist_runs  parts  hot_MiB hist_MiB"
-            "  dead_runs dead_steps  av_runs av_steps  oldest_due(s)"
+            "  dead_runs dead_steps  av_runs av_steps  oldest_due(s)  steal%"
         )
         windows: list[dict[str, Any]] = []
         settle_t = args.retention + args.history_after + 60
@@ -232,18 +249,19 @@ def main() -> int:
             submitter.start()
             start = time.monotonic()
             last = measure(env, submitter)
-            last_t = start
+            last_t, last_ticks = start, cpu_ticks()
             while time.monotonic() - start < args.minutes * 60:
                 time.sleep(max(0.0, last_t + args.window - time.monotonic()))
                 if sup.popen.poll() is not None:
                     print(sup.log_path.read_text()[-3000:], file=sys.stderr)
                     return 1
-                now = time.monotonic()
+                now, ticks = time.monotonic(), cpu_ticks()
                 cur = measure(env, submitter)
                 rate = (cur["completed"] - last["completed"]) / (now - last_t)
                 hot = sum(cur[t + ":bytes"] for t in HOT)
                 hist = sum(cur[t + ":bytes"] for t in HISTORY)
                 cur.update(t=now - start, rate=rate, hot_bytes=hot, hist_bytes=hist,
+                           steal=steal_pct(last_ticks, ticks),
                            kept=cur["cyclone_runs"] + cur["cyclone_history_runs"])  # fmt: skip
                 windows.append(cur)
                 if not early_rels and cur["t"] > settle_t:
@@ -254,10 +272,10 @@ def main() -> int:
                     f"{cur['partitions']:6d} {mib(hot)} {mib(hist)} "
                     f"{cur['cyclone_runs:dead']:10d} {cur['cyclone_steps:dead']:10d} "
                     f"{cur['cyclone_runs:av']:8d} {cur['cyclone_steps:av']:8d} "
-                    f"{cur['oldest_due']:14.2f}",
+                    f"{cur['oldest_due']:14.2f} {cur['steal']:7.0f}",
                     flush=True,
                 )
-                last, last_t = cur, now
+                last, last_t, last_ticks = cur, now, ticks
         finally:
             submitter.stopping.set()
             submitter.join(10)
@@ -281,6 +299,9 @@ def main() -> int:
                       f"{mib(late[what])} MiB at the end, ratio "
                       f"{late[what] / max(early[what], 1):.2f}")  # fmt: skip
         print(f"oldest due step's wait, most: {max(w['oldest_due'] for w in windows):.2f}s")
+        stolen = [f"{w['t']:.0f}s ({w['steal']:.0f}%)" for w in windows if w["steal"] > 10]
+        print("windows with more than 10% of the CPU stolen by the host: "
+              + (", ".join(stolen) if stolen else "none"))  # fmt: skip
         # Which relation grows, if the hot bytes do: each after the first retention period
         # and at the end.
         print("the hot tables' relations (MiB): after the first retention period, at the end")
