@@ -13,9 +13,10 @@ for 90 s, the completions of the last 60 s counted; the churn then submits at `-
 of it. Every `--window` seconds a line:
 completions/s in the window, rows and bytes (table + indexes + TOAST) of the hot tables and of
 history, dead tuples of the hot tables, autovacuum runs so far on them, how long the oldest
-due step has waited, and the share of the machine's CPU its host stole (a VM's `steal`). At the end: the first and last windows' completion rates and their ratio,
-rows kept against rate x (retention + sweep period), and bytes kept in the last windows against
-those after the first retention period.
+due step has waited, and the share of the machine's CPU its host stole (a VM's `steal`). At
+the end: the first and last windows' completion rates and their ratio, rows kept against rate
+x (retention + sweep period), bytes kept in the last windows against those after the first
+retention period, and the windows that lost more than a tenth of the CPU to the host.
 
 Targets (issue 25): rows kept within 2x of rate x (retention + sweep period), bytes flat after
 the first retention period, completions/s within 10% from the first window to the last.
