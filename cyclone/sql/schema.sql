@@ -844,22 +844,10 @@ AS $$
      GROUP BY h.workflow, h.node
 $$;
 
--- A held step inserted behind another held step of its node leaves the admission to whoever
--- passes over that one (migration 28); a rate-limited step always tries its bucket.
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
-    first_held bigint;
 BEGIN
-    IF NEW.rate_limit IS NULL THEN
-        first_held := (SELECT s.id FROM cyclone_steps s
-                        WHERE s.held AND s.workflow = NEW.workflow AND s.node = NEW.node
-                        ORDER BY s.priority, s.pass, s.id
-                        LIMIT 1);
-        IF first_held IS DISTINCT FROM NEW.id THEN
-            RETURN NULL;  -- behind a held step (or admitted already, by an earlier row's call)
-        END IF;
-    END IF;
     admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
     RETURN NULL;
 END

@@ -6,7 +6,6 @@ them, and admitted as slots free and tokens refill."""
 from __future__ import annotations
 
 import json
-import time
 from datetime import timedelta
 
 import pytest
@@ -19,7 +18,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from psycopg.conninfo import make_conninfo
 
 import cyclone
 from cyclone import engine, runner
@@ -359,69 +357,6 @@ def test_admission_skips_a_held_step_another_transaction_holds_and_never_waits(
         ).fetchall()
         assert [r["held"] for r in rows] == [True, False]
     env.conn.execute("RESET lock_timeout")
-
-
-def _admission_calls(env: TestEnv) -> int:
-    """cyclone_admit_steps's calls counted so far: by sessions that track them (`_counted`)
-    and have ended (a session sends its function counts when it ends)."""
-    row = env.conn.execute(
-        "SELECT coalesce((SELECT calls FROM pg_stat_user_functions"
-        " WHERE funcid = 'cyclone_admit_steps'::regproc), 0) AS n"
-    ).fetchone()
-    return int(row["n"])
-
-
-def _counted(env: TestEnv) -> str:
-    return make_conninfo(env.dsn, options=f"-c search_path={env.schema} -c track_functions=pl")
-
-
-def _wait_for_calls(env: TestEnv, before: int, expected: int) -> int:
-    deadline = time.monotonic() + 10
-    calls = _admission_calls(env) - before
-    while calls < expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-        calls = _admission_calls(env) - before
-    return calls
-
-
-def test_a_step_held_behind_another_leaves_its_admission_to_whoever_passes_that_one(
-    env: TestEnv,
-):
-    """100 steps of a node limited to 40 in one submit: the first step's trigger admits 40,
-    the 41st finds 16 or more available and stays held, and the 59 behind it call no
-    admission at all (migration 28): two calls, not 100. The ends of the steps admitted then
-    admit the rest, with no sweep."""
-    env.register(*ALL)
-    before = _admission_calls(env)
-    with cyclone.Client(_counted(env)) as client:
-        client.submit_many(wide, [None] * 100)
-    assert counts(env, wide) == {"available": 40, "held": 60}
-    assert _wait_for_calls(env, before, 2) == 2
-    done = 0
-    while (taken := lease(env, wide)) is not None:
-        assert engine.complete_step(env.conn, taken, None)
-        done += 1
-    assert done == 100 and counts(env, wide) == {"completed": 100}
-
-
-def test_steps_held_behind_a_step_an_admission_could_not_reach_are_admitted_by_the_sweep(
-    env: TestEnv,
-):
-    """An admission that cannot take the node's lock (another admission holds it, and may not
-    see steps committed after it began) leaves its steps held; the steps inserted behind them
-    leave them too; the scanner's held_steps sweep admits them all."""
-    env.register(*ALL)
-    lock = (
-        "SELECT pg_advisory_xact_lock("
-        "hashtextextended('cyclone_node:' || %s || chr(31) || %s, 0))"
-    )
-    with connect(env.dsn) as other, other.transaction():
-        other.execute(lock, (wide.name, "one_of_forty"))
-        env.client.submit_many(wide, [None] * 5)
-    env.client.submit_many(wide, [None] * 3)  # behind 5 held steps: no admission
-    assert counts(env, wide) == {"held": 8}
-    env.scan()
-    assert counts(env, wide) == {"available": 8}
 
 
 sm_tight = cyclone.Workflow("nl-sm-tight")

@@ -153,24 +153,3 @@ def test_an_admission_reads_and_writes_the_steps_it_admits_not_the_backlog(
     finally:
         for lease in leases:
             assert engine.release_step(held.conn, lease.step_id, lease.token)
-
-
-# Its index's descent and the first rows' pages (5 here), with room for dead entries.
-FIRST_HELD_BOUND = 12
-FIRST_HELD = (
-    "SELECT s.id FROM cyclone_steps s"
-    " WHERE s.held AND s.workflow = %(workflow)s AND s.node = %(node)s"
-    " ORDER BY s.priority, s.pass, s.id LIMIT 1"
-)
-
-
-@pytest.mark.parametrize("mode", ["custom", "generic"])
-def test_a_step_made_held_looks_at_its_nodes_first_held_step_only(held: TestEnv, mode: str):
-    """The insert trigger's first test (migration 28, cyclone_steps_admit): the first entry of
-    cyclone_steps_held_idx for the node, past the dead entries the admitted steps left, not
-    the backlog of held steps behind it."""
-    params = {"workflow": wide.name, "node": "spread"}
-    probe_text(held.conn, FIRST_HELD, params, mode)
-    result = probe_text(held.conn, FIRST_HELD, params, mode)
-    assert "cyclone_steps_held_idx" in result.text, result.text
-    assert result.buffers <= FIRST_HELD_BOUND, result.text
