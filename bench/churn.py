@@ -28,6 +28,7 @@ import argparse
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -193,7 +194,8 @@ def cpu_ticks() -> tuple[int, int] | None:
         fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return None
-    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+    # user nice system idle iowait irq softirq steal: guest time is already in user and nice.
+    return (fields[7] if len(fields) > 7 else 0), sum(fields[:8])
 
 
 def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
@@ -301,8 +303,9 @@ def main() -> int:
                       f"{late[what] / max(early[what], 1):.2f}")  # fmt: skip
         print(f"oldest due step's wait, most: {max(w['oldest_due'] for w in windows):.2f}s")
         stolen = [f"{w['t']:.0f}s ({w['steal']:.0f}%)" for w in windows if w["steal"] > 10]
-        print("windows with more than 10% of the CPU stolen by the host: "
-              + (", ".join(stolen) if stolen else "none"))  # fmt: skip
+        print(textwrap.fill("windows with more than 10% of the CPU stolen by the host: "
+                            + (", ".join(stolen) if stolen else "none"),
+                            width=79, subsequent_indent="  "))  # fmt: skip
         # Which relation grows, if the hot bytes do: each after the first retention period
         # and at the end.
         print("the hot tables' relations (MiB): after the first retention period, at the end")
