@@ -694,6 +694,7 @@ DECLARE
     b_tokens float8[];
     b_secs float8[];
     b_open boolean[];
+    b_at timestamptz[];
     b integer;
     bkey text;
     keyfield text;
@@ -745,6 +746,7 @@ BEGIN
     b_tokens := '{}';
     b_secs := '{}';
     b_open := '{}';
+    b_at := '{}';
     -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
     -- is read and locked once, when its first step is met, and written once, after the walk:
     -- one statement per bucket, not three a step. The run is read only for a rate-limited step
@@ -775,6 +777,7 @@ BEGIN
                 b_key[b] := bkey;
                 b_secs[b] := NULL;
                 b_open[b] := true;
+                b_at[b] := at;
                 -- An undeclared limiter holds its steps until client.set_rate_limit names it.
                 SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
                 IF FOUND THEN
@@ -788,9 +791,14 @@ BEGIN
                         SELECT * INTO bucket FROM cyclone_rate_buckets
                          WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
                     END IF;
-                    IF FOUND THEN  -- refilled to now
+                    IF FOUND THEN
+                        -- Refilled to now, or to the bucket's own time when that is later: a
+                        -- transaction that began before another admission wrote the bucket
+                        -- reads it after (`at` is the transaction's start), and a bucket set
+                        -- back to that earlier time would refill the same seconds twice.
+                        b_at[b] := greatest(at, bucket.updated_at);
                         b_tokens[b] := least(lim_row.burst, bucket.tokens
-                            + greatest(extract(epoch FROM at - bucket.updated_at), 0)
+                            + extract(epoch FROM b_at[b] - bucket.updated_at)
                               * lim_row.rate / lim_row.per);
                         b_secs[b] := lim_row.per / lim_row.rate;
                     END IF;
@@ -804,6 +812,7 @@ BEGIN
                 CONTINUE;
             END IF;
             b_tokens[b] := b_tokens[b] - 1;
+            wait := wait + extract(epoch FROM b_at[b] - at);  -- from the bucket's time
         END IF;
         ids := ids || st.id;
         waits := waits || wait;
@@ -811,7 +820,7 @@ BEGIN
     END LOOP;
     FOR b IN 1 .. cardinality(b_id) LOOP
         IF b_secs[b] IS NOT NULL THEN
-            UPDATE cyclone_rate_buckets SET tokens = b_tokens[b], updated_at = at
+            UPDATE cyclone_rate_buckets SET tokens = b_tokens[b], updated_at = b_at[b]
              WHERE name = b_name[b] AND key = b_key[b];
         END IF;
     END LOOP;
@@ -844,11 +853,37 @@ AS $$
      GROUP BY h.workflow, h.node
 $$;
 
+-- A held step inserted admits its node's held steps. A node limited by concurrency does so
+-- once per statement (migration 28): the rows an INSERT makes are all there when its row
+-- triggers fire, so the first call saw the others, and the ends of the steps it admits admit
+-- again. The mark `cyclone.admitted`, local to the transaction, holds the session's last step
+-- id (currval) at that call and the nodes admitted since; a later insert takes a new id and
+-- so starts a new mark. A node limited by rate only calls for every row: nothing else admits
+-- its steps but the sweep, and a call gives at most `batch` tokens.
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
+    mark text;
+    upto text;
+    here text;
 BEGIN
+    IF NEW.node_limit IS NOT NULL THEN
+        upto := currval('cyclone_steps_id_seq')::text || chr(30);
+        here := NEW.workflow || chr(31) || NEW.node || chr(30);
+        mark := current_setting('cyclone.admitted', true);
+        IF mark IS NOT NULL AND starts_with(mark, upto) THEN
+            IF strpos(mark, chr(30) || here) > 0 THEN
+                RETURN NULL;  -- this statement's rows of the node were admitted together
+            END IF;
+            mark := mark || here;
+        ELSE
+            mark := upto || here;
+        END IF;
+    END IF;
     admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
+    IF NEW.node_limit IS NOT NULL THEN
+        mark := set_config('cyclone.admitted', mark, true);
+    END IF;
     RETURN NULL;
 END
 $$;

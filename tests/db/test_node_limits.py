@@ -6,6 +6,8 @@ them, and admitted as slots free and tokens refill."""
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -18,11 +20,13 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from psycopg.conninfo import make_conninfo
 
 import cyclone
 from cyclone import engine, runner
 from cyclone.db import connect
 from cyclone.engine.dlq import retry_dead_step
+from cyclone.engine.runs import submit_runs
 from cyclone.errors import GraphError
 from cyclone.testing import TestEnv
 
@@ -57,6 +61,20 @@ wide = cyclone.Workflow("nl-wide")
 
 @wide.task(concurrency=40)
 def one_of_forty(ctx):
+    return None
+
+
+# Two limited roots: a submit inserts their steps interleaved, run by run.
+pair = cyclone.Workflow("nl-pair")
+
+
+@pair.task(concurrency=40)
+def left(ctx):
+    return None
+
+
+@pair.task(concurrency=40)
+def right(ctx):
     return None
 
 
@@ -357,6 +375,100 @@ def test_admission_skips_a_held_step_another_transaction_holds_and_never_waits(
         ).fetchall()
         assert [r["held"] for r in rows] == [True, False]
     env.conn.execute("RESET lock_timeout")
+
+
+def _admission_calls(env: TestEnv) -> int:
+    """cyclone_admit_steps's calls counted so far, by the sessions that track them
+    (`_counted`) and have ended (a session sends its function counts as it ends)."""
+    row = env.conn.execute(
+        "SELECT coalesce((SELECT calls FROM pg_stat_user_functions"
+        " WHERE funcid = 'cyclone_admit_steps'::regproc), 0) AS n"
+    ).fetchone()
+    return int(row["n"])
+
+
+def _counted(env: TestEnv) -> str:
+    return make_conninfo(env.dsn, options=f"-c search_path={env.schema} -c track_functions=pl")
+
+
+def _calls_since(env: TestEnv, before: int, expected: int) -> int:
+    """The calls since `before`, once `expected` of them arrived or ten seconds passed (the
+    counts reach the statistics a moment after the session ends)."""
+    deadline = time.monotonic() + 10
+    while (calls := _admission_calls(env) - before) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return calls
+
+
+def test_a_statement_that_inserts_held_steps_admits_their_node_once(env: TestEnv):
+    """100 steps of a node limited to 40 in one submit_many: the first row's trigger admits 40
+    and sees the other 59 held; their triggers would only repeat it (migration 28). One call,
+    not 100; the ends of the 40 admit the rest."""
+    env.register(*ALL)
+    before = _admission_calls(env)
+    with cyclone.Client(_counted(env)) as client:
+        client.submit_many(wide, [None] * 100)
+    assert counts(env, wide) == {"available": 40, "held": 60}
+    assert _calls_since(env, before, 1) == 1
+    done = 0
+    while (taken := lease(env, wide)) is not None:
+        assert engine.complete_step(env.conn, taken, None)
+        done += 1
+    assert done == 100 and counts(env, wide) == {"completed": 100}
+
+
+def _submit(conn, wf: cyclone.Workflow, n: int) -> None:
+    roots = [wf.graph.nodes[name] for name in wf.graph.roots]
+    ids = [str(uuid.uuid4()) for _ in range(n)]
+    submit_runs(conn, wf.name, wf.graph.hash, ids, ["null"] * n, roots)
+
+
+def test_each_statement_and_each_node_of_a_statement_admits(env: TestEnv):
+    """The mark that skips the repeated calls is one statement's and one node's: a second
+    insert in the same transaction admits again, and so does the other node of a statement
+    that interleaves two limited nodes' steps."""
+    env.register(*ALL, pair)
+    before = _admission_calls(env)
+    with connect(_counted(env)) as conn, conn.transaction():
+        _submit(conn, wide, 10)
+        _submit(conn, wide, 10)
+        _submit(conn, pair, 5)
+    assert counts(env, wide) == {"available": 20}
+    assert counts(env, pair) == {"available": 10}
+    assert _calls_since(env, before, 4) == 4
+
+
+def test_a_node_limited_by_rate_only_admits_at_every_row(env: TestEnv):
+    """Nothing but the sweep admits a rate-limited node's steps after they are made (no slot
+    is freed), and one call gives at most 200 tokens: each row of a statement still calls, so
+    a submit of 300 with tokens to spare makes all 300 available at once."""
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-smtp", rate=1e6, per=timedelta(seconds=1), burst=1e6)
+    env.client.submit_many(mailer, [None] * 300)
+    assert counts(env, mailer) == {"available": 300}
+
+
+def test_a_bucket_written_by_a_later_transaction_keeps_its_time(env: TestEnv):
+    """An admission whose transaction began before another admission wrote the bucket refills
+    nothing for the time before the bucket's, gives its token from the bucket's time, and
+    leaves that time where it was: set back, the next admission would refill those seconds
+    twice."""
+    env.register(*ALL)
+    env.client.set_rate_limit("nl-smtp", rate=4, per=timedelta(seconds=1), burst=1)
+    ahead = env.conn.execute(
+        "INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)"
+        " VALUES ('nl-smtp', '', 0, now() + interval '1 second') RETURNING updated_at"
+    ).fetchone()["updated_at"]
+    env.client.submit(mailer, None)
+    step = env.conn.execute(
+        "SELECT held, available_at FROM cyclone_steps WHERE workflow = %s", (mailer.name,)
+    ).fetchone()
+    bucket = env.conn.execute(
+        "SELECT tokens, updated_at FROM cyclone_rate_buckets WHERE name = 'nl-smtp'"
+    ).fetchone()
+    assert not step["held"]
+    assert bucket["updated_at"] == ahead and bucket["tokens"] == pytest.approx(-1)
+    assert step["available_at"] == ahead + timedelta(seconds=0.25)
 
 
 sm_tight = cyclone.Workflow("nl-sm-tight")
