@@ -127,7 +127,6 @@ BEGIN
                 b_key[b] := bkey;
                 b_secs[b] := NULL;
                 b_open[b] := true;
-                b_at[b] := at;
                 -- An undeclared limiter holds its steps until client.set_rate_limit names it.
                 SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
                 IF FOUND THEN
