@@ -39,7 +39,7 @@ def read_until(fd: int, pattern: str, seen: bytearray, timeout: float) -> bool:
     return False
 
 
-def _interruptible() -> None:
+def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
@@ -54,7 +54,7 @@ def spawn_on_pty(cenv: TestEnv, *argv: str, **env: str) -> tuple[subprocess.Pope
         close_fds=True,
         # As on an operator's terminal, Ctrl-C interrupts: a test run started in the background
         # of a shell without job control (`... &`) ignores SIGINT, and a child inherits that.
-        preexec_fn=_interruptible,
+        preexec_fn=interruptible,
     )
     os.close(secondary)
     return proc, primary

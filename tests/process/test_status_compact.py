@@ -191,7 +191,7 @@ def test_the_live_screen_on_an_80x24_terminal_is_the_compact_one(cenv):
     import sys
     import termios
 
-    from pty_helpers import clean_env, read_until, stop
+    from pty_helpers import clean_env, interruptible, read_until, stop
 
     seeded = seed(cenv, busy=30, idle=0, lost=1)
     primary, secondary = pty.openpty()
@@ -205,6 +205,7 @@ def test_the_live_screen_on_an_80x24_terminal_is_the_compact_one(cenv):
         stderr=secondary,
         env=env,
         close_fds=True,
+        preexec_fn=interruptible,  # Ctrl-C stops it, as spawn_on_pty's do
     )
     os.close(secondary)
     seen = bytearray()
