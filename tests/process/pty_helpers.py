@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 
 from cyclone.testing import TestEnv
@@ -39,22 +42,32 @@ def read_until(fd: int, pattern: str, seen: bytearray, timeout: float) -> bool:
     return False
 
 
-def interruptible() -> None:
+def _interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def spawn_on_pty(cenv: TestEnv, *argv: str, **env: str) -> tuple[subprocess.Popen[bytes], int]:
+def spawn_on_pty(
+    cenv: TestEnv, *argv: str, size: tuple[int, int] | None = None, **env: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """`cyclone ARGV` on a new pseudo-terminal: 160x60 told by COLUMNS and LINES, or, with
+    `size` (lines, columns), that size set on the terminal itself and no variables to help,
+    as on a real terminal of that size."""
     primary, secondary = pty.openpty()
+    variables = clean_env(TERM="xterm-256color", COLUMNS="160", LINES="60", **env)
+    if size is not None:
+        fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+        variables.pop("COLUMNS")
+        variables.pop("LINES")
     proc = subprocess.Popen(
         [sys.executable, "-m", "cyclone.cli", "--dsn", cenv.dsn, *argv],
         stdin=secondary,
         stdout=secondary,
         stderr=secondary,
-        env=clean_env(TERM="xterm-256color", COLUMNS="160", LINES="60", **env),
+        env=variables,
         close_fds=True,
         # As on an operator's terminal, Ctrl-C interrupts: a test run started in the background
         # of a shell without job control (`... &`) ignores SIGINT, and a child inherits that.
-        preexec_fn=interruptible,
+        preexec_fn=_interruptible,
     )
     os.close(secondary)
     return proc, primary

@@ -183,31 +183,11 @@ def test_workers_lists_step_and_run_ids_whole(capsys, cenv, monkeypatch, width):
 
 @pytest.mark.process
 def test_the_live_screen_on_an_80x24_terminal_is_the_compact_one(cenv):
-    import fcntl
-    import os
-    import pty
-    import struct
-    import subprocess
-    import sys
-    import termios
-
-    from pty_helpers import clean_env, interruptible, read_until, stop
+    from pty_helpers import read_until, spawn_on_pty, stop
 
     seeded = seed(cenv, busy=30, idle=0, lost=1)
-    primary, secondary = pty.openpty()
     # The size a terminal reports, as on a real 80x24 one: no COLUMNS or LINES to help.
-    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-    env = {k: v for k, v in clean_env(TERM="xterm-256color").items() if k != "LINES"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cyclone.cli", "--dsn", cenv.dsn, "status", "--interval", "500ms"],
-        stdin=secondary,
-        stdout=secondary,
-        stderr=secondary,
-        env=env,
-        close_fds=True,
-        preexec_fn=interruptible,  # Ctrl-C stops it, as spawn_on_pty's do
-    )
-    os.close(secondary)
+    proc, primary = spawn_on_pty(cenv, "status", "--interval", "500ms", size=(24, 80))
     seen = bytearray()
     try:
         # Two frames: the first and at least one refresh, each ending with the workers count.
