@@ -376,7 +376,8 @@ SWEEPS = (
     # Stale rows only matter to a human reading `cyclone status`: no hurry.
     Sweep("stale_supervisors", sweep_stale_supervisors, every=STALE_AFTER / 2,
           said="removed {n} supervisor(s) not seen for a while"),
-    Sweep("held_steps", sweep_held_steps, said="admitted {n} held step(s)"),
+    # Woken at a rate bucket's next_at (migration 29), as for the other times.
+    Sweep("held_steps", sweep_held_steps, timely=True, said="admitted {n} held step(s)"),
     # A version no live VM serves: its steps wait parked (docs/deploys.md); back within
     # UNSERVED_EVERY of a VM that serves it publishing its presence.
     Sweep("unserved", sweep_unserved, every=UNSERVED_EVERY,

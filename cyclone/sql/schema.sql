@@ -536,7 +536,8 @@ CREATE TRIGGER cyclone_runs_rules BEFORE INSERT OR UPDATE ON cyclone_runs
 -- The lock of a workflow's key (a transaction lock: released at commit or rollback).
 CREATE FUNCTION cyclone_slot_lock(workflow text, ckey text) RETURNS void
 LANGUAGE sql VOLATILE AS $$
-    SELECT pg_advisory_xact_lock(hashtextextended('cyclone_slot:' || workflow || chr(31) || ckey, 0))
+    SELECT pg_advisory_xact_lock(hashtextextended(
+        'cyclone_slot:' || current_schema() || chr(31) || workflow || chr(31) || ckey, 0))
 $$;
 
 -- A graph's root nodes, as the statements that make steps take them (node_rows in Python).
@@ -630,7 +631,9 @@ CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
 -- over it; cyclone_admit_steps makes it available when a slot and a token are free. A token
 -- not yet refilled is given ahead of time: the step becomes available at the moment its token
 -- refills (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next
--- ones. Admission runs when a step is made, when a limited step stops holding its slot, and in
+-- ones. A bucket promises tokens to at most `burst` steps not yet started, and counts each
+-- token taken when its step started (migration 29): steps held back by a stall of the leases
+-- cannot all start at once when they resume. Admission runs when a step is made, when a limited step stops holding its slot, and in
 -- that sweep; it takes the node's advisory lock without waiting (a transaction that holds it
 -- admits; one that does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED,
 -- so no admission ever waits for another: nothing here can deadlock the statements that fire it.
@@ -645,15 +648,21 @@ CREATE TABLE cyclone_rate_limits (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- A limiter's buckets: one, or one per key (`RateLimit(name, key=FIELD)`). Tokens below zero
--- are tokens given ahead of their refill.
+-- A limiter's buckets: one, or one per key (`RateLimit(name, key=FIELD)`). `tokens` is the
+-- level at updated_at, counting the tokens of the `pending` steps (given one, not yet started)
+-- as not yet taken (migration 29); `next_at`: when the held_steps sweep should look again.
 CREATE TABLE cyclone_rate_buckets (
     name       text NOT NULL,
     key        text NOT NULL,
     tokens     float8 NOT NULL,
     updated_at timestamptz NOT NULL,
-    PRIMARY KEY (name, key)
+    PRIMARY KEY (name, key),
+    pending    bigint[] NOT NULL DEFAULT '{}',
+    next_at    timestamptz
 );
+
+CREATE INDEX cyclone_rate_buckets_next_idx ON cyclone_rate_buckets (next_at)
+    WHERE next_at IS NOT NULL;
 
 -- Steps of a limited node that hold a slot, by state (counted: the available ones first, up
 -- to 16, in pass order; migration 25), and held steps in the order admitted.
@@ -681,21 +690,31 @@ DECLARE
     free integer := batch;
     admitted integer;
     st record;
+    ev record;
+    rows_read integer := 0;
     -- (Set when the walk starts: a default is evaluated at every call, and most calls, for a
     -- freed slot, end at the first test.)
     ids bigint[];
     waits float8[];
-    -- The buckets this call met, by `name || chr(31) || key`: tokens left after its takes and
+    -- The buckets this call met, by `name || chr(31) || key`: the level at b_at (tokens, the
+    -- pending steps' not yet taken), how many steps are pending (still waiting to start, and
+    -- given a token by this call: their ids in p_id, their bucket in p_bucket), the burst,
     -- seconds a token (NULL: it gives nothing this call: its limiter is undeclared, or another
-    -- admission holds its row), and `open` false once its next token is past the horizon.
+    -- admission holds its row), and `open` false once it can give no more this call.
     b_id text[];
     b_name text[];
     b_key text[];
-    b_tokens float8[];
+    b_level float8[];
+    b_pend integer[];
+    b_burst float8[];
     b_secs float8[];
     b_open boolean[];
     b_at timestamptz[];
+    p_id bigint[];
+    p_bucket integer[];
     b integer;
+    t timestamptz;
+    next timestamptz;
     bkey text;
     keyfield text;
     keyed_graph text;
@@ -725,8 +744,8 @@ BEGIN
             RETURN 0;
         END IF;
     END IF;
-    IF NOT pg_try_advisory_xact_lock(hashtextextended('cyclone_node:' || wf || chr(31) || nd, 0))
-    THEN
+    IF NOT pg_try_advisory_xact_lock(hashtextextended(
+               'cyclone_node:' || current_schema() || chr(31) || wf || chr(31) || nd, 0)) THEN
         RETURN 0;
     END IF;
     IF lim IS NOT NULL THEN
@@ -743,10 +762,14 @@ BEGIN
     b_id := '{}';
     b_name := '{}';
     b_key := '{}';
-    b_tokens := '{}';
+    b_level := '{}';
+    b_pend := '{}';
+    b_burst := '{}';
     b_secs := '{}';
     b_open := '{}';
     b_at := '{}';
+    p_id := '{}';
+    p_bucket := '{}';
     -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
     -- is read and locked once, when its first step is met, and written once, after the walk:
     -- one statement per bucket, not three a step. The run is read only for a rate-limited step
@@ -762,6 +785,7 @@ BEGIN
          LIMIT batch
            FOR UPDATE OF s SKIP LOCKED
     LOOP
+        rows_read := rows_read + 1;
         wait := 0;
         IF st.rate_limit IS NOT NULL THEN
             IF st.graph_hash IS DISTINCT FROM keyed_graph THEN  -- one graph read per graph
@@ -796,31 +820,75 @@ BEGIN
                         -- reads it after (`at` is the transaction's start), and a bucket set
                         -- back to that earlier time would refill the same seconds twice.
                         b_at[b] := greatest(at, bucket.updated_at);
-                        b_tokens[b] := least(lim_row.burst, bucket.tokens
-                            + extract(epoch FROM b_at[b] - bucket.updated_at)
-                              * lim_row.rate / lim_row.per);
+                        b_burst[b] := lim_row.burst;
                         b_secs[b] := lim_row.per / lim_row.rate;
+                        -- The level, refilled to b_at through the starts of the steps pending
+                        -- at the last admission, in the order they started. One still waiting
+                        -- keeps its token; one whose start is not on record (ended unstarted,
+                        -- gone to the history) took it at b_at, the latest it could have.
+                        b_level[b] := bucket.tokens;
+                        b_pend[b] := 0;
+                        t := bucket.updated_at;
+                        FOR ev IN
+                            SELECT p.id, s.state = 'available' AND NOT s.held AS waiting,
+                                   least(greatest(coalesce(s.started_at, b_at[b]),
+                                                  bucket.updated_at), b_at[b]) AS started
+                              FROM unnest(bucket.pending) AS p (id)
+                              LEFT JOIN cyclone_steps s ON s.id = p.id
+                             ORDER BY 3, 1
+                        LOOP
+                            IF ev.waiting THEN
+                                b_pend[b] := b_pend[b] + 1;
+                                p_id := p_id || ev.id;
+                                p_bucket := p_bucket || b;
+                            ELSE
+                                b_level[b] := least(b_burst[b], b_level[b]
+                                    + extract(epoch FROM ev.started - t) / b_secs[b]) - 1;
+                                t := ev.started;
+                            END IF;
+                        END LOOP;
+                        b_level[b] := least(b_burst[b],
+                                            b_level[b] + extract(epoch FROM b_at[b] - t) / b_secs[b]);
                     END IF;
                 END IF;
             END IF;
             CONTINUE WHEN b_secs[b] IS NULL OR NOT b_open[b];
-            -- One token: now if there is one, else when it refills.
-            wait := greatest(1 - b_tokens[b], 0) * b_secs[b];
-            IF wait > horizon THEN
+            -- One token, while the bucket's pending steps with this one are at most `burst`:
+            -- at the time the level has refilled for them all (now if it has), so that they
+            -- may start at any time after, all at once, and each find a token.
+            wait := greatest(b_pend[b] + 1 - b_level[b], 0) * b_secs[b];
+            IF b_pend[b] + 1 > b_burst[b] OR wait > horizon THEN
                 b_open[b] := false;
                 CONTINUE;
             END IF;
-            b_tokens[b] := b_tokens[b] - 1;
+            b_pend[b] := b_pend[b] + 1;
+            p_id := p_id || st.id;
+            p_bucket := p_bucket || b;
             wait := wait + extract(epoch FROM b_at[b] - at);  -- from the bucket's time
         END IF;
         ids := ids || st.id;
         waits := waits || wait;
         EXIT WHEN cardinality(ids) >= free;
     END LOOP;
+    -- A bucket that held steps back (or that this call stopped reading at its batch) looks
+    -- again once some of its pending steps could have started: a token's time, at least 50 ms,
+    -- and a quarter of a burst (at most 1 s) for a large one, which sets how many pending
+    -- steps each look reads.
     FOR b IN 1 .. cardinality(b_id) LOOP
         IF b_secs[b] IS NOT NULL THEN
-            UPDATE cyclone_rate_buckets SET tokens = b_tokens[b], updated_at = b_at[b]
+            next := NULL;
+            IF NOT b_open[b] OR rows_read >= batch THEN
+                next := b_at[b] + make_interval(secs => greatest(
+                    b_secs[b], 0.05, least(b_burst[b] * b_secs[b] / 4, 1.0)));
+            END IF;
+            UPDATE cyclone_rate_buckets
+               SET tokens = b_level[b], updated_at = b_at[b], next_at = coalesce(next, next_at),
+                   pending = ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                    WHERE p_bucket[i] = b)
              WHERE name = b_name[b] AND key = b_key[b];
+            IF cyclone_epoch_ms(next) < pg_sequence_last_value('cyclone_wake_timer') THEN
+                PERFORM cyclone_wake_timer(next);  -- the scanner sleeps past it
+            END IF;
         END IF;
     END LOOP;
     IF cardinality(ids) = 0 THEN
@@ -852,13 +920,14 @@ AS $$
      GROUP BY h.workflow, h.node
 $$;
 
--- A held step inserted admits its node's held steps. A node limited by concurrency does so
--- once per statement (migration 28): the rows an INSERT makes are all there when its row
--- triggers fire, so the first call saw the others, and the ends of the steps it admits admit
--- again. The mark `cyclone.admitted`, local to the transaction, holds the session's last step
--- id (currval) at that call and the nodes admitted since; a later insert takes a new id and
--- so starts a new mark. A node limited by rate only calls for every row: nothing else admits
--- its steps but the sweep, and a call gives at most `batch` tokens.
+-- A held step inserted admits its node's held steps, once per statement and node (migrations
+-- 28, 29): the rows an INSERT makes are all there when its row triggers fire, so the first call
+-- saw the others. The mark `cyclone.admitted`, local to the transaction, holds the session's
+-- last step id (currval) at that call and the nodes admitted since; a later insert takes a new
+-- id and so starts a new mark. A call that filled its batch is not marked: the next row calls
+-- again. What the calls left held is admitted by the ends of the steps they admitted (a node
+-- limited by concurrency) and by the held_steps sweep, woken at the bucket's next_at (a node
+-- limited by rate).
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
@@ -866,21 +935,19 @@ DECLARE
     upto text;
     here text;
 BEGIN
-    IF NEW.node_limit IS NOT NULL THEN
-        upto := currval('cyclone_steps_id_seq')::text || chr(30);
-        here := NEW.workflow || chr(31) || NEW.node || chr(30);
-        mark := current_setting('cyclone.admitted', true);
-        IF mark IS NOT NULL AND starts_with(mark, upto) THEN
-            IF strpos(mark, chr(30) || here) > 0 THEN
-                RETURN NULL;  -- this statement's rows of the node were admitted together
-            END IF;
-            mark := mark || here;
-        ELSE
-            mark := upto || here;
+    upto := currval('cyclone_steps_id_seq')::text || chr(30);
+    here := NEW.workflow || chr(31) || NEW.node || chr(30);
+    mark := current_setting('cyclone.admitted', true);
+    IF mark IS NOT NULL AND starts_with(mark, upto) THEN
+        IF strpos(mark, chr(30) || here) > 0 THEN
+            RETURN NULL;  -- this statement's rows of the node were admitted together
         END IF;
+        mark := mark || here;
+    ELSE
+        mark := upto || here;
     END IF;
     admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
-    IF NEW.node_limit IS NOT NULL THEN
+    IF admitted < 200 THEN  -- a call that filled its batch (200) may leave more to give
         mark := set_config('cyclone.admitted', mark, true);
     END IF;
     RETURN NULL;
@@ -1535,6 +1602,7 @@ BEGIN
         (SELECT min(deadline_at) FROM cyclone_runs
           WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL AND deadline_at > after),
         (SELECT min(due_at) FROM cyclone_schedules WHERE NOT paused AND due_at > after),
+        (SELECT min(next_at) FROM cyclone_rate_buckets WHERE next_at > after),
         now() + make_interval(secs => horizon));
 END
 $$;

@@ -254,11 +254,13 @@ SELECT workflow, node, max(node_limit) AS "limit",
  LIMIT %(limit)s;
 
 -- name: limits_rates
--- `cyclone limits`: each limiter, its buckets' tokens now (refilled to this moment; below 0:
--- given ahead of their refill) and the steps held for a token.
+-- `cyclone limits`: each limiter, its buckets' tokens now (refilled to this moment, less those
+-- promised to steps not yet started; below 0: given ahead of their refill) and the steps held
+-- for a token.
 SELECT l.name, l.rate, l.per, l.burst, b.key,
        CASE WHEN b.key IS NOT NULL THEN least(l.burst, b.tokens + greatest(
-            extract(epoch FROM now() - b.updated_at), 0) * l.rate / l.per) END AS tokens,
+            extract(epoch FROM now() - b.updated_at), 0) * l.rate / l.per)
+            - cardinality(b.pending) END AS tokens,
        (SELECT count(*) FROM cyclone_steps s WHERE s.held AND s.rate_limit = l.name) AS held
   FROM cyclone_rate_limits l
   LEFT JOIN cyclone_rate_buckets b ON b.name = l.name

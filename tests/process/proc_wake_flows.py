@@ -65,3 +65,7 @@ def _hang(ctx: cyclone.StepContext) -> None:
 
 hung = cyclone.Workflow("wake-deadline")
 hung.task(_hang, name="hang", timeout=timedelta(minutes=5), max_attempts=1)
+
+# A token every half second, none saved up: each next step waits for the bucket's refill.
+rated = cyclone.Workflow("wake-rated")
+rated.task(_echo, name="t", rate_limit="wake-rated")

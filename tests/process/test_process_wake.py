@@ -88,12 +88,16 @@ def test_each_way_a_step_becomes_ready_wakes_a_worker(
 def test_timers_fire_on_time_between_the_scanners_passes(
     env: TestEnv, client: cyclone.Client
 ) -> None:
+    client.set_rate_limit("wake-rated", rate=2, burst=1)
+    rated = client.submit_many(flows.rated, [1, 2, 3, 4])  # a token each half second
     retry = client.submit(flows.retried)  # backoff of about a second, then the retry
     sleep = client.submit(flows.slept, 1)  # a one-second sleep
     max_wait = client.submit(flows.unanswered)  # a wait of at most a second
     deadline = client.submit(flows.hung, run_deadline=1.0)  # a one-second deadline
     assert client.result(retry, timeout=WITHIN) == {"t": "ok"}
     assert client.result(sleep, timeout=WITHIN) == {"after": 1}
+    for run_id in rated:  # the rate bucket's next_at wakes the held_steps sweep
+        assert client.wait(run_id, timeout=WITHIN).state == "completed"
     for run_id in (max_wait, deadline):
         wait_for(lambda r=run_id: state(env, r) == "failed", WITHIN, f"run {run_id} failed")
         assert client.wait(run_id, timeout=WITHIN).state == "failed"

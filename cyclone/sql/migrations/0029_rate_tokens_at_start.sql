@@ -1,0 +1,321 @@
+-- Version 29: a rate limit holds at the starts; the advisory locks of one schema leave
+-- another's alone.
+--
+-- A token was counted when its step was admitted, and the bucket refilled from then on as if
+-- the step had started. Tokens not yet refilled were given ahead, up to 2 s. When leases
+-- stalled (a PostgreSQL restart, every worker busy, a frozen supervisor), every step whose
+-- token time passed meanwhile started at once when they resumed: up to burst + rate x 2 s
+-- starts together (bench/chaos.py: 4 starts in 61 ms with burst 2 at 4/s, after a restart).
+--
+-- A bucket now keeps the steps it gave a token that have not started (`pending`), and its
+-- level counts them as not yet taken. An admission looks them up (by primary key, at most
+-- `burst` of them): those that started take their token at the time they started, those
+-- still waiting keep theirs. It gives a token only while the bucket's pending steps, this one
+-- with them, are no more than `burst`, each at the time the level will have refilled for all
+-- of them: however late and however together they start, the bucket held a token for each
+-- start. A step whose start is not on record (it ended unstarted, or left for the history)
+-- took its token at the admission's time: later than it could have, never to the bucket's
+-- advantage. A bucket that holds steps back records when to look again (`next_at`), which the
+-- scanner wakes for (cyclone_next_due); the held_steps sweep runs on those wakes.
+--
+-- The advisory locks of a node's admission and of a concurrency key were keyed by workflow
+-- and node or key alone: two schemas of one database (two installs, the test suite's
+-- environments) contended for each other's locks, and an admission that lost such a race
+-- left a slot free until the sweep. They now name the schema too.
+
+ALTER TABLE cyclone_rate_buckets
+    ADD COLUMN pending bigint[] NOT NULL DEFAULT '{}',
+    ADD COLUMN next_at timestamptz;
+
+CREATE INDEX cyclone_rate_buckets_next_idx ON cyclone_rate_buckets (next_at)
+    WHERE next_at IS NOT NULL;
+
+CREATE OR REPLACE FUNCTION cyclone_slot_lock(workflow text, ckey text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_advisory_xact_lock(hashtextextended(
+        'cyclone_slot:' || current_schema() || chr(31) || workflow || chr(31) || ckey, 0))
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz, lim_hint integer DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
+    batch CONSTANT integer := 200;   -- most held steps one call reads, and admits
+    enough CONSTANT integer := 16;   -- available steps of the node that make admitting wait
+    lim integer := lim_hint;
+    free integer := batch;
+    admitted integer;
+    st record;
+    ev record;
+    rows_read integer := 0;
+    -- (Set when the walk starts: a default is evaluated at every call, and most calls, for a
+    -- freed slot, end at the first test.)
+    ids bigint[];
+    waits float8[];
+    -- The buckets this call met, by `name || chr(31) || key`: the level at b_at (tokens, the
+    -- pending steps' not yet taken), how many steps are pending (still waiting to start, and
+    -- given a token by this call: their ids in p_id, their bucket in p_bucket), the burst,
+    -- seconds a token (NULL: it gives nothing this call: its limiter is undeclared, or another
+    -- admission holds its row), and `open` false once it can give no more this call.
+    b_id text[];
+    b_name text[];
+    b_key text[];
+    b_level float8[];
+    b_pend integer[];
+    b_burst float8[];
+    b_secs float8[];
+    b_open boolean[];
+    b_at timestamptz[];
+    p_id bigint[];
+    p_bucket integer[];
+    b integer;
+    t timestamptz;
+    next timestamptz;
+    bkey text;
+    keyfield text;
+    keyed_graph text;
+    wait float8;
+    lim_row cyclone_rate_limits%ROWTYPE;
+    bucket cyclone_rate_buckets%ROWTYPE;
+BEGIN
+    IF lim IS NULL THEN
+        SELECT s.node_limit INTO lim FROM cyclone_steps s
+         WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
+    END IF;
+    -- While `enough` of the node's steps are available, the workers have work the limit does
+    -- not hold back: a freed slot waits, and is filled with the others in one admission once
+    -- fewer are available. A walk of at most `enough` entries, before the lock, ends most calls
+    -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
+    -- In pass order, which cyclone_steps_limited_idx alone gives: with a bare LIMIT, statistics
+    -- that promised many such steps led the planner to scan the table, or the primary key,
+    -- hoping to stop early, and it read every step when fewer than `enough` were there. From
+    -- the last pass: the entries leased steps leave until VACUUM are at the first passes
+    -- (steps are admitted and leased in pass order), and a walk from there read them all.
+    IF lim > enough THEN
+        IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
+                                   WHERE s.workflow = wf AND s.node = nd
+                                     AND s.node_limit IS NOT NULL AND s.state = 'available'
+                                   ORDER BY s.pass DESC
+                                   LIMIT enough) AS ready) >= enough THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(hashtextextended(
+               'cyclone_node:' || current_schema() || chr(31) || wf || chr(31) || nd, 0)) THEN
+        RETURN 0;
+    END IF;
+    IF lim IS NOT NULL THEN
+        SELECT lim - count(*) INTO free FROM cyclone_steps s
+         WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
+           AND s.state IN ('available', 'running');
+        IF free <= 0 THEN
+            RETURN 0;
+        END IF;
+        free := least(free, batch);
+    END IF;
+    ids := '{}';
+    waits := '{}';
+    b_id := '{}';
+    b_name := '{}';
+    b_key := '{}';
+    b_level := '{}';
+    b_pend := '{}';
+    b_burst := '{}';
+    b_secs := '{}';
+    b_open := '{}';
+    b_at := '{}';
+    p_id := '{}';
+    p_bucket := '{}';
+    -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
+    -- is read and locked once, when its first step is met, and written once, after the walk:
+    -- one statement per bucket, not three a step. The run is read only for a rate-limited step
+    -- (its bucket key).
+    FOR st IN
+        SELECT s.id, s.rate_limit, s.available_at, r.graph_hash, r.input
+          FROM cyclone_steps s
+          LEFT JOIN LATERAL (SELECT r.graph_hash, r.input FROM cyclone_runs r
+                              WHERE r.id = s.run_id AND s.rate_limit IS NOT NULL
+                             OFFSET 0) AS r ON true  -- OFFSET 0: no lookup without a limiter
+         WHERE s.held AND s.workflow = wf AND s.node = nd
+         ORDER BY s.priority, s.pass, s.id
+         LIMIT batch
+           FOR UPDATE OF s SKIP LOCKED
+    LOOP
+        rows_read := rows_read + 1;
+        wait := 0;
+        IF st.rate_limit IS NOT NULL THEN
+            IF st.graph_hash IS DISTINCT FROM keyed_graph THEN  -- one graph read per graph
+                keyfield := cyclone_node_rate_key(st.graph_hash, nd);
+                keyed_graph := st.graph_hash;
+            END IF;
+            bkey := CASE WHEN keyfield IS NULL THEN '' ELSE coalesce(st.input->>keyfield, '') END;
+            b := array_position(b_id, st.rate_limit || chr(31) || bkey);
+            IF b IS NULL THEN
+                b := cardinality(b_id) + 1;
+                b_id[b] := st.rate_limit || chr(31) || bkey;
+                b_name[b] := st.rate_limit;
+                b_key[b] := bkey;
+                b_secs[b] := NULL;
+                b_open[b] := true;
+                -- An undeclared limiter holds its steps until client.set_rate_limit names it.
+                SELECT * INTO lim_row FROM cyclone_rate_limits WHERE name = st.rate_limit;
+                IF FOUND THEN
+                    SELECT * INTO bucket FROM cyclone_rate_buckets
+                     WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    IF NOT FOUND THEN
+                        -- A bucket's first token (or one another admission holds: next time).
+                        INSERT INTO cyclone_rate_buckets (name, key, tokens, updated_at)
+                        VALUES (st.rate_limit, bkey, lim_row.burst, at)
+                        ON CONFLICT (name, key) DO NOTHING;
+                        SELECT * INTO bucket FROM cyclone_rate_buckets
+                         WHERE name = st.rate_limit AND key = bkey FOR UPDATE SKIP LOCKED;
+                    END IF;
+                    IF FOUND THEN
+                        -- Refilled to now, or to the bucket's own time when that is later: a
+                        -- transaction that began before another admission wrote the bucket
+                        -- reads it after (`at` is the transaction's start), and a bucket set
+                        -- back to that earlier time would refill the same seconds twice.
+                        b_at[b] := greatest(at, bucket.updated_at);
+                        b_burst[b] := lim_row.burst;
+                        b_secs[b] := lim_row.per / lim_row.rate;
+                        -- The level, refilled to b_at through the starts of the steps pending
+                        -- at the last admission, in the order they started. One still waiting
+                        -- keeps its token; one whose start is not on record (ended unstarted,
+                        -- gone to the history) took it at b_at, the latest it could have.
+                        b_level[b] := bucket.tokens;
+                        b_pend[b] := 0;
+                        t := bucket.updated_at;
+                        FOR ev IN
+                            SELECT p.id, s.state = 'available' AND NOT s.held AS waiting,
+                                   least(greatest(coalesce(s.started_at, b_at[b]),
+                                                  bucket.updated_at), b_at[b]) AS started
+                              FROM unnest(bucket.pending) AS p (id)
+                              LEFT JOIN cyclone_steps s ON s.id = p.id
+                             ORDER BY 3, 1
+                        LOOP
+                            IF ev.waiting THEN
+                                b_pend[b] := b_pend[b] + 1;
+                                p_id := p_id || ev.id;
+                                p_bucket := p_bucket || b;
+                            ELSE
+                                b_level[b] := least(b_burst[b], b_level[b]
+                                    + extract(epoch FROM ev.started - t) / b_secs[b]) - 1;
+                                t := ev.started;
+                            END IF;
+                        END LOOP;
+                        b_level[b] := least(b_burst[b],
+                                            b_level[b] + extract(epoch FROM b_at[b] - t) / b_secs[b]);
+                    END IF;
+                END IF;
+            END IF;
+            CONTINUE WHEN b_secs[b] IS NULL OR NOT b_open[b];
+            -- One token, while the bucket's pending steps with this one are at most `burst`:
+            -- at the time the level has refilled for them all (now if it has), so that they
+            -- may start at any time after, all at once, and each find a token.
+            wait := greatest(b_pend[b] + 1 - b_level[b], 0) * b_secs[b];
+            IF b_pend[b] + 1 > b_burst[b] OR wait > horizon THEN
+                b_open[b] := false;
+                CONTINUE;
+            END IF;
+            b_pend[b] := b_pend[b] + 1;
+            p_id := p_id || st.id;
+            p_bucket := p_bucket || b;
+            wait := wait + extract(epoch FROM b_at[b] - at);  -- from the bucket's time
+        END IF;
+        ids := ids || st.id;
+        waits := waits || wait;
+        EXIT WHEN cardinality(ids) >= free;
+    END LOOP;
+    -- A bucket that held steps back (or that this call stopped reading at its batch) looks
+    -- again once some of its pending steps could have started: a token's time, at least 50 ms,
+    -- and a quarter of a burst (at most 1 s) for a large one, which sets how many pending
+    -- steps each look reads.
+    FOR b IN 1 .. cardinality(b_id) LOOP
+        IF b_secs[b] IS NOT NULL THEN
+            next := NULL;
+            IF NOT b_open[b] OR rows_read >= batch THEN
+                next := b_at[b] + make_interval(secs => greatest(
+                    b_secs[b], 0.05, least(b_burst[b] * b_secs[b] / 4, 1.0)));
+            END IF;
+            UPDATE cyclone_rate_buckets
+               SET tokens = b_level[b], updated_at = b_at[b], next_at = coalesce(next, next_at),
+                   pending = ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                    WHERE p_bucket[i] = b)
+             WHERE name = b_name[b] AND key = b_key[b];
+            IF cyclone_epoch_ms(next) < pg_sequence_last_value('cyclone_wake_timer') THEN
+                PERFORM cyclone_wake_timer(next);  -- the scanner sleeps past it
+            END IF;
+        END IF;
+    END LOOP;
+    IF cardinality(ids) = 0 THEN
+        RETURN 0;
+    END IF;
+    -- The steps picked (locked by the walk), in one statement.
+    UPDATE cyclone_steps s
+       SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
+           available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
+      FROM unnest(ids, waits) AS a (id, wait)
+     WHERE s.id = ANY (ids) AND s.id = a.id;
+    GET DIAGNOSTICS admitted = ROW_COUNT;
+    RETURN admitted;
+END
+$$;
+
+-- A held step inserted admits its node's held steps, once per statement and node (migration
+-- 28): the rows an INSERT makes are all there when its row triggers fire, so the first call saw
+-- the others. The mark `cyclone.admitted`, local to the transaction, holds the session's last
+-- step id (currval) at that call and the nodes admitted since; a later insert takes a new id
+-- and so starts a new mark. A call that filled its batch is not marked: the next row calls
+-- again. What the calls left held is admitted by the ends of the steps they admitted (a node
+-- limited by concurrency) and by the held_steps sweep, woken at the bucket's next_at (a node
+-- limited by rate).
+CREATE OR REPLACE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    admitted integer;
+    mark text;
+    upto text;
+    here text;
+BEGIN
+    upto := currval('cyclone_steps_id_seq')::text || chr(30);
+    here := NEW.workflow || chr(31) || NEW.node || chr(30);
+    mark := current_setting('cyclone.admitted', true);
+    IF mark IS NOT NULL AND starts_with(mark, upto) THEN
+        IF strpos(mark, chr(30) || here) > 0 THEN
+            RETURN NULL;  -- this statement's rows of the node were admitted together
+        END IF;
+        mark := mark || here;
+    ELSE
+        mark := upto || here;
+    END IF;
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
+    IF admitted < 200 THEN  -- a call that filled its batch (200) may leave more to give
+        mark := set_config('cyclone.admitted', mark, true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION cyclone_next_due(horizon float8, since timestamptz) RETURNS timestamptz
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    after timestamptz := coalesce(since, now());
+BEGIN
+    -- PL/pgSQL, not SQL: the scanner calls it at every sleep, and its plans are kept for
+    -- the session instead of made anew at each call.
+    RETURN least(
+        -- In cyclone_steps_available_idx's order: a generic plan of min() walked the whole
+        -- cyclone_steps_ready_idx instead (its last column is available_at too).
+        (SELECT available_at FROM cyclone_steps
+          WHERE state = 'available' AND available_at > after ORDER BY available_at, id LIMIT 1),
+        (SELECT min(due_at) FROM cyclone_steps
+          WHERE state = 'waiting' AND due_at IS NOT NULL AND due_at > after),
+        (SELECT min(deadline_at) FROM cyclone_runs
+          WHERE state = 'running' AND deadline_at > after),
+        (SELECT min(deadline_at) FROM cyclone_runs
+          WHERE queued AND paused_at IS NULL AND deadline_at IS NOT NULL AND deadline_at > after),
+        (SELECT min(due_at) FROM cyclone_schedules WHERE NOT paused AND due_at > after),
+        (SELECT min(next_at) FROM cyclone_rate_buckets WHERE next_at > after),
+        now() + make_interval(secs => horizon));
+END
+$$;
