@@ -741,7 +741,7 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     found = overlaps(ledger)
     violations["overlapping attempts"] = len(found)
     exceeded = limits_exceeded(db, ledger, chaos.cancelled)
-    violations["flow-control limits exceeded"] = len(exceeded)
+    violations["flow-control limits exceeded"] = sum(not e.startswith(" ") for e in exceeded)
     found = found + exceeded
     attempts = db.rows("""
         SELECT count(*), coalesce(sum(attempt - 1), 0), count(*) FILTER (WHERE attempt > 1),
@@ -777,18 +777,23 @@ def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list
       between the database's clock that gives a token and the handler's first ledger line).
     """
     rows = db.rows("""
-        SELECT s.id, s.workflow, r.id::text, coalesce(r.concurrency_key, '')
+        SELECT s.id, s.workflow, r.id::text, coalesce(r.concurrency_key, ''),
+               extract(epoch FROM s.started_at)::float8, s.attempt, s.leased_by
           FROM cyclone_steps s JOIN cyclone_runs r ON r.id = s.run_id
          WHERE s.workflow IN ('chaos-keyed', 'chaos-narrow', 'chaos-rated')""")  # fmt: skip
-    steps = {sid: (wf, run, key) for sid, wf, run, key in rows if run not in cancelled}
+    steps = {row[0]: row[1:4] for row in rows if row[2] not in cancelled}
+    leased = {row[0]: row[4:] for row in rows}
     spans: dict[str, list[tuple[float, float, str]]] = {}
+    rated_starts: list[tuple[float, int, int, int]] = []  # for the report of a rate violation
     for sid, attempts in ledger.items():
         if sid not in steps:
             continue
         wf, run, key = steps[sid]
-        for first, last, _pid in attempts.values():
+        for attempt, (first, last, pid) in attempts.items():
             group = wf if wf != "chaos-keyed" else f"key {key}"
             spans.setdefault(group, []).append((first, last, run))
+            if wf == "chaos-rated":
+                rated_starts.append((first, sid, attempt, pid))
     found = []
     for group, items in spans.items():
         if group.startswith("key "):
@@ -815,6 +820,14 @@ def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list
                 last, tokens = start, tokens - 1
                 if tokens < -0.05 * RATE:
                     found.append(f"chaos-rated: a start at {start:.3f} found no token")
+                    # The starts before it: the handler's time, and the last lease of its step
+                    # on the database's clock (a step's earlier attempts keep no lease time).
+                    for at, sid, attempt, pid in sorted(rated_starts):
+                        if start - 2.0 <= at <= start:
+                            db_at, last_attempt, by = leased.get(sid, (None, None, None))
+                            found.append(f"  start {at:.3f} step {sid} attempt {attempt} pid "
+                                         f"{pid}; its last lease: attempt {last_attempt} at "
+                                         f"{db_at} by {by}")  # fmt: skip
                     break
     return found
 

@@ -634,6 +634,7 @@ class Dispatcher:
         params = dispatch_params(
             finished, [self.name_of(h) for h in leasing + ahead],
             workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
+            waiting=len(leasing),
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()
