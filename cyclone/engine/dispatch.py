@@ -149,11 +149,8 @@ def dispatch_params(
     lease_ttl: float,
     now: datetime | None = None,
     graphs: Sequence[str] | None = None,
-    waiting: int | None = None,
 ) -> dict[str, str | None]:
-    """steps_dispatch's parameters, each as the text PostgreSQL reads (casts are in the SQL).
-    `waiting`: how many of `workers`, first, wait for a step (None: all); the others are
-    leased for ahead, and never a rate-limited step."""
+    """steps_dispatch's parameters, each as the text PostgreSQL reads (casts are in the SQL)."""
     rows = [
         {"step_id": f.step_id, "token": f.token, "run_id": f.run_id, "last": f.last,
          "output": f.output, "next": f.next}
@@ -164,7 +161,6 @@ def dispatch_params(
         "step_ids": "{" + ",".join(str(f.step_id) for f in finished) + "}",
         "last_runs": "{" + ",".join(f.run_id for f in finished if f.last) + "}",
         "want": str(len(workers)),
-        "waiting": str(len(workers) if waiting is None else waiting),
         "workers": text_array(tuple(workers)),
         "workflows": text_array(tuple(workflows)) if workflows is not None else None,
         "graphs": text_array(tuple(graphs)) if graphs is not None else None,

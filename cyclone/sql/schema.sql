@@ -686,6 +686,9 @@ DECLARE
     horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
     batch CONSTANT integer := 200;   -- most held steps one call reads, and admits
     enough CONSTANT integer := 16;   -- available steps of the node that make admitting wait
+    -- The longest from a lease to its handler's start: a lease taken ahead starts within
+    -- READY_FOR (0.25 s, cyclone/supervisor/dispatch.py) of its statement, or goes back.
+    slack CONSTANT interval := interval '300 milliseconds';
     lim integer := lim_hint;
     free integer := batch;
     admitted integer;
@@ -715,6 +718,7 @@ DECLARE
     b integer;
     t timestamptz;
     next timestamptz;
+    seen integer;
     bkey text;
     keyfield text;
     keyed_graph text;
@@ -823,20 +827,30 @@ BEGIN
                         b_burst[b] := lim_row.burst;
                         b_secs[b] := lim_row.per / lim_row.rate;
                         -- The level, refilled to b_at through the starts of the steps pending
-                        -- at the last admission, in the order they started. One still waiting
-                        -- keeps its token; one whose start is not on record (ended unstarted,
-                        -- gone to the history) took it at b_at, the latest it could have.
+                        -- at the last admission, in the order they started. A leased step's
+                        -- handler starts up to `slack` after its lease (a lease taken ahead
+                        -- waits in its worker's queue: READY_FOR), so a step counts as started
+                        -- then, and until then keeps its token, as one still waiting does. One
+                        -- whose start is not on record (ended unstarted, gone to the history)
+                        -- took it at b_at, the latest it could have.
                         b_level[b] := bucket.tokens;
                         b_pend[b] := 0;
                         t := bucket.updated_at;
+                        -- (One scan of the primary key for the ids, in order: neighbours
+                        -- share its pages, where a lookup per id descended it each time.)
+                        seen := 0;
                         FOR ev IN
-                            SELECT p.id, s.state = 'available' AND NOT s.held AS waiting,
-                                   least(greatest(coalesce(s.started_at, b_at[b]),
+                            SELECT s.id,
+                                   (s.state = 'available' AND NOT s.held)
+                                   OR (s.state = 'running' AND s.started_at + slack > b_at[b])
+                                       AS waiting,
+                                   least(greatest(coalesce(s.started_at + slack, b_at[b]),
                                                   bucket.updated_at), b_at[b]) AS started
-                              FROM unnest(bucket.pending) AS p (id)
-                              LEFT JOIN cyclone_steps s ON s.id = p.id
+                              FROM cyclone_steps s
+                             WHERE s.id = ANY (bucket.pending)
                              ORDER BY 3, 1
                         LOOP
+                            seen := seen + 1;
                             IF ev.waiting THEN
                                 b_pend[b] := b_pend[b] + 1;
                                 p_id := p_id || ev.id;
@@ -847,8 +861,10 @@ BEGIN
                                 t := ev.started;
                             END IF;
                         END LOOP;
+                        -- Those gone (to the history) took theirs at b_at.
                         b_level[b] := least(b_burst[b],
-                                            b_level[b] + extract(epoch FROM b_at[b] - t) / b_secs[b]);
+                                            b_level[b] + extract(epoch FROM b_at[b] - t) / b_secs[b])
+                                      - (cardinality(bucket.pending) - seen);
                     END IF;
                 END IF;
             END IF;

@@ -196,8 +196,7 @@ WITH run AS (
 -- finished, each completed as step_complete_chain completes it (`last` false: its `next` steps
 -- are made) or as step_complete_last does (`last` true: the run completes, locked first, in id
 -- order, before any step is locked). %(workers)s: the names of the waiting workers, leased for
--- in their order; `worker` in the result is a name's position, from 1. The names after the
--- first %(waiting)s are of workers busy with a step, leased for ahead. Locks are taken in the
+-- in their order; `worker` in the result is a name's position, from 1. Locks are taken in the
 -- single statements' order: the runs of `last` completions (evaluated as the candidate scan's
 -- argument), the candidates, then the finished steps. The candidates skip the runs of every
 -- finished step, for the reason _lease_next gives. One row, one column: a JSON object of the
@@ -254,10 +253,6 @@ finished AS (
      WHERE s.id = numbered.id
        AND CASE WHEN numbered.id IS NOT NULL THEN (SELECT count(*) FROM done) >= 0
                 ELSE false END
-       -- A rate-limited step is leased only for a worker that waits: one taken ahead could
-       -- wait in its worker's queue (up to READY_FOR) and start late, together with the
-       -- next, where its bucket counted its token at the lease (migration 29).
-       AND (w.n <= %(waiting)s::int OR s.rate_limit IS NULL)
  RETURNING w.n AS worker, s.id, numbered.available_at, numbered.priority, numbered.pass,
            s.run_id, s.workflow, s.node,
            s.kind, s.item_index, s.item, s.attempt, s.max_attempts, s.lease_token,

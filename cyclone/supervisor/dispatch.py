@@ -108,7 +108,9 @@ READY_BELOW = 0.02
 # How the average step's length follows the last ones (an exponentially weighted average).
 DURATION_WEIGHT = 0.2
 # The longest a lease taken ahead waits for a worker, and the largest share of its step's time
-# to kill it may spend waiting: older, it is given back, its attempt not spent.
+# to kill it may spend waiting: older, it is given back, its attempt not spent. A rate bucket
+# counts a leased step's token taken this long after the lease, and a little more (`slack` in
+# cyclone_admit_steps, migration 29): raise both together.
 READY_FOR = 0.25
 READY_SHARE = 0.05
 # Leases queued in each worker's name, at most. A worker that finds none waits for a whole
@@ -634,7 +636,6 @@ class Dispatcher:
         params = dispatch_params(
             finished, [self.name_of(h) for h in leasing + ahead],
             workflows=workflows, lease_ttl=self.lease_ttl, graphs=self.graphs(),
-            waiting=len(leasing),
         )  # fmt: skip
         params.update(floor_params(session.floor))
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()

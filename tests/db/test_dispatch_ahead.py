@@ -209,14 +209,6 @@ class Harness:
             sock.close()
 
 
-rated = cyclone.Workflow("dispatch-ahead-rated")
-
-
-@rated.task(rate_limit="dispatch-ahead-rate")
-def rated_only(ctx):
-    return ctx.input
-
-
 @pytest.fixture
 def harness(env: TestEnv):
     env.register(quick)
@@ -249,25 +241,6 @@ def test_leases_taken_ahead_are_queued_in_their_workers_name_and_sent_to_it(harn
     assert harness.arbiter.later == [(first.lease["id"], "completed")]
     assert harness.env.client.get_run(runs[0]).output == {"only": "one"}
     assert harness.states([started.lease["id"]]) == [("running", 1)]
-
-
-def test_a_rate_limited_step_is_leased_for_a_waiting_worker_never_ahead(env: TestEnv) -> None:
-    """A lease taken ahead may wait in its worker's queue and start late, together with the
-    next: its bucket counted its token at the lease. With tokens to spare, the worker that
-    waits gets one; nothing is queued ahead for it."""
-    env.register(quick, rated)
-    env.client.set_rate_limit("dispatch-ahead-rate", rate=1e6, burst=1e6)
-    h = Harness(env, workers=2, workflows=lambda: (rated.name,))
-    try:
-        env.client.submit_many(rated, list(range(AHEAD + 2)))
-        h.want(1)
-        first = h.answer(1)
-        assert first.lease is not None and first.lease["workflow"] == rated.name
-        h.settle()
-        assert h.arbiter.children[1].queued == [] and h.queue[1] == []
-        assert [s["state"] for s in h.steps()].count("running") == 1
-    finally:
-        h.close()
 
 
 def serve_one(harness) -> tuple[Any, Any]:
