@@ -31,11 +31,22 @@ QUIET = {"worker__poll_interval": '"60s"', "scanner__interval": '"60s"'}
 
 @pytest.fixture(params=["true", "false"], ids=["dispatch", "own-leases"])
 def client(request, env: TestEnv, supervisor) -> Iterator[cyclone.Client]:
-    supervisor(workers=2, supervisor__dispatch=request.param, workflows__modules=MODULES, **QUIET)
+    proc = supervisor(
+        workers=2, supervisor__dispatch=request.param, workflows__modules=MODULES, **QUIET
+    )
     with cyclone.Client(env.dsn) as client:
         # The workers' first look at start-up is over once a run went through: from here on
         # they wait to be woken.
-        client.wait(client.submit(flows.one, 0), timeout=WITHIN)
+        first = client.submit(flows.one, 0)
+        try:
+            client.wait(first, timeout=WITHIN)
+        except TimeoutError:
+            steps = env.conn.execute(
+                "SELECT state, available_at, leased_by FROM cyclone_steps WHERE run_id = %s",
+                (first,),
+            ).fetchall()
+            flag = env.conn.execute("SELECT last_value FROM cyclone_wake_ready").fetchone()
+            pytest.fail(f"the first run never ended: {steps}, wake flag {flag}\n{proc.log()}")
         yield client
 
 
