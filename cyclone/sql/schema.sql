@@ -633,7 +633,8 @@ CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
 -- refills (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next
 -- ones. A bucket promises tokens to at most `burst` steps not yet started, and counts each
 -- token taken when its step started (migration 29): steps held back by a stall of the leases
--- cannot all start at once when they resume. Admission runs when a step is made, when a limited step stops holding its slot, and in
+-- cannot all start at once when they resume. Admission runs when a step is made, when a
+-- limited step stops holding its slot, and in
 -- that sweep; it takes the node's advisory lock without waiting (a transaction that holds it
 -- admits; one that does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED,
 -- so no admission ever waits for another: nothing here can deadlock the statements that fire it.
