@@ -4,7 +4,8 @@ A sweep has one name, `x`: the label of its count on the scanner's `scanned` pip
 in its log lines, its statement `sweep_x` (sql/sweeps.sql) and its function `sweep_x` here,
 `sweep_x(conn, *, batch_size=..., now=None) -> count`. Each function handles one batch in one
 transaction and is safe to run from any number of scanners at once (the statements lock with
-SKIP LOCKED and re-check state before writing). The scanner process (`cyclone.scanner`) and
+SKIP LOCKED and re-check state before writing; `reindex`, which changes no row and cannot run
+in a transaction, takes a session advisory lock). The scanner process (`cyclone.scanner`) and
 `TestEnv.scan` both run `enabled_sweeps()`: the scanner batches each one while batches come
 back full and spaces out the ones with an `every`; the harness runs each once, on its clock.
 Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
@@ -26,17 +27,23 @@ Adding a sweep: its statement, its function, and its entry in `SWEEPS`.
     history_drop       history partition past retention-> archived (`scanner.archive`), dropped
     retention          finished run past retention     -> deleted (when `scanner.retention` > 0):
                                                           failed and keyed runs, which stay hot
+    reindex            queue index a drained backlog   -> rebuilt (REINDEX INDEX CONCURRENTLY),
+                       left bloated (catalog figures:     one a pass; a failed rebuild's
+                       REINDEX_FLOOR, REINDEX_RATIO)      invalid leftover dropped first
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
 
 from cyclone.db import retrying
 from cyclone.engine.advance import RunRef, fail_run, node_completed
@@ -64,6 +71,29 @@ HISTORY_DROP_EVERY = 10.0
 UNSERVED_EVERY = 2.0
 # A supervisor seen this recently is live (as `cyclone status` says; supervisor/served.py).
 LIVE_WITHIN = 10.0
+# The reindex sweep (sweep_reindex). Its check is one read of the catalog, so every minute:
+# after a backlog drains, the few indexes it left bloated are rebuilt one a pass, all within
+# minutes of autovacuum's figures showing it.
+REINDEX_EVERY = 60.0
+# Below a MiB an index is never rebuilt: there is less than that to win, and a queue index in
+# steady churn is mostly pages of entries deleted since the last VACUUM (0.30 to 0.41 MiB in
+# bench/churn.py), far more than its few live entries need: the ratio alone would rebuild it
+# every minute.
+REINDEX_FLOOR = 1 << 20
+# Bloated: more than this many times the bytes its entries take in a fresh build. One in use is
+# within 1.5 times of that (leaves 70 to 90% full), and a workflow name a few times longer
+# than the one measured still leaves it well under 8; an index a drained backlog left behind is
+# tens of times over.
+REINDEX_RATIO = 8.0
+# The rebuild reads the table twice (build, then validate) within the statement_timeout of
+# the scanner's session (30 s: ScannerOptions), and the next pass waits for it: an index of a
+# table bigger than this is not rebuilt by the scanner (said once; rebuild it by hand).
+REINDEX_MAX_TABLE = 1 << 30
+# An index this process rebuilt, or failed to, is left alone for ten minutes: a queue whose
+# steady churn keeps its index above the rule (a busier one than the churn bench's) costs one
+# rebuild of a few MiB every ten minutes, not one a minute; a rebuild that timed out is not
+# retried at once; and a second backlog in the hour is given back within minutes of the first.
+REINDEX_AGAIN_AFTER = 600.0
 
 
 def sweep_deadlines(
@@ -320,6 +350,123 @@ def sweep_unserved(
     return retrying(tx)
 
 
+# What one scanner process remembers between passes of the reindex sweep (as session.py's
+# check, once a process): when it last rebuilt or failed to rebuild each index, by (schema,
+# index), and the warnings it gave, each once.
+_reindexed: dict[tuple[str, str], float] = {}
+_warned: set[tuple[str, ...]] = set()
+
+
+def _warn_once(key: tuple[str, ...], message: str, *args: object) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args, extra={"action": "sweep", "sweep": "reindex"})
+
+
+def sweep_reindex(
+    conn: Conn, *, batch_size: int = DEFAULT_BATCH, now: datetime | None = None
+) -> int:
+    """Rebuild one queue index that a drained backlog left bloated, with REINDEX INDEX
+    CONCURRENTLY (writes go on meanwhile); returns how many were rebuilt (0 or 1).
+
+    Bloated, from catalog figures only (sql/sweeps.sql, sweep_reindex): at least REINDEX_FLOOR
+    bytes, and more than REINDEX_RATIO times what its entries take in a fresh build. First the
+    invalid leftovers of a rebuild that failed (`<index>_ccnew`, `_ccold`) are dropped. Under
+    a session advisory lock, so that two scanners never rebuild at once; not behind a pooler
+    (that lock, a session's, would stay on whichever server connection it landed), nor in a
+    transaction (the statements refuse to run in one), nor under a role that does not own the
+    tables (said once). A failure is logged and never fails the pass."""
+    if not conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE:
+        return 0
+    params = {"floor": REINDEX_FLOOR, "ratio": REINDEX_RATIO}
+    rows = conn.execute(QUERIES["sweep_reindex"], params).fetchall()
+    if not rows:
+        return 0
+    schema = rows[0]["schema"]
+    if rows[0]["pid"] != conn.info.backend_pid:
+        _warn_once(
+            (schema, "pooled"),
+            "reindex: the scanner's session is not the server's (a pooler's): bloated queue "
+            "indexes are not rebuilt here; %s",
+            _by_hand(rows[0]),
+        )
+        return 0
+    if not conn.execute(QUERIES["reindex_lock"]).fetchone()["locked"]:
+        return 0  # another scanner is at it
+    try:
+        return _reindex_one(conn, schema, rows)
+    finally:
+        if not conn.broken:
+            conn.execute(QUERIES["reindex_unlock"])
+
+
+def _reindex_one(conn: Conn, schema: str, rows: list[dict[str, Any]]) -> int:
+    for row in rows:
+        index = row["index"]
+        if not row["may"]:
+            _warn_once(
+                (schema, "may"),
+                "reindex: role %s may not rebuild or drop the indexes "
+                "of %s (REINDEX needs the table's owner, or MAINTAIN on PostgreSQL 17): "
+                "bloated queue indexes are left as they are; %s",
+                row["user"],
+                row["table"],
+                _by_hand(row),
+            )
+            continue
+        if row["leftover"]:
+            if not _reindex_statement(conn, "reindex_drop", schema, index):
+                return 0
+            log.info("reindex: dropped %s, left invalid by a rebuild that failed", index,
+                     extra={"action": "sweep", "sweep": "reindex"})  # fmt: skip
+            continue
+        if time.monotonic() - _reindexed.get((schema, index), float("-inf")) < REINDEX_AGAIN_AFTER:
+            continue
+        if row["table_bytes"] > REINDEX_MAX_TABLE:
+            _warn_once(
+                (schema, index),
+                "reindex: %s is bloated (%d bytes for %d entries) but its table holds %d "
+                "bytes, more than the scanner rebuilds within its statement_timeout; %s",
+                index,
+                row["bytes"],
+                row["entries"],
+                row["table_bytes"],
+                _by_hand(row),
+            )
+            continue
+        _reindexed[(schema, index)] = time.monotonic()  # a failure too: not again at once
+        if not _reindex_statement(conn, "reindex_index", schema, index):
+            return 0
+        after = conn.execute(QUERIES["reindex_size"], {"schema": schema, "index": index})
+        log.info("reindex: rebuilt %s: %d bytes before, %d after (%d entries)", index,
+                 row["bytes"], after.fetchone()["bytes"], row["entries"],
+                 extra={"action": "sweep", "sweep": "reindex"})  # fmt: skip
+        return 1
+    return 0
+
+
+def _reindex_statement(conn: Conn, name: str, schema: str, index: str) -> bool:
+    """Rebuild or drop `index`; False when that failed (a timeout, a lock, a right missing:
+    logged), which the pass survives. The invalid index a failed rebuild leaves is dropped at
+    the next check, and that index is tried again REINDEX_AGAIN_AFTER later."""
+    statement = sql.SQL(QUERIES[name]).format(index=sql.Identifier(schema, index))
+    try:
+        conn.execute(statement, prepare=False)
+    except psycopg.Error as exc:
+        if conn.broken:
+            raise  # the database went away: the scanner's outage handling
+        what = "rebuilding" if name == "reindex_index" else "dropping"
+        log.warning("reindex: %s %s failed: %s", what, index, str(exc).strip(),
+                    extra={"action": "sweep", "sweep": "reindex"})  # fmt: skip
+        return False
+    return True
+
+
+def _by_hand(row: Mapping[str, Any]) -> str:
+    what = "DROP INDEX CONCURRENTLY" if row["leftover"] else "REINDEX INDEX CONCURRENTLY"
+    return f"by hand: {what} {row['schema']}.{row['index']}"
+
+
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """One entry of `SWEEPS`: everything the scanner and the harness need to run a sweep."""
@@ -339,9 +486,15 @@ class Sweep:
 
     def describe(self, n: int) -> str:
         return self.said.format(n=n) if self.said else f"{self.name}: {n}"
+
     # Seconds a pass may spend batching it while batches come back full (None: the scanner's
     # MAX_BATCHES, with pauses between them for the rows' other users).
     budget: float | None = None
+    # The most batches a pass runs, full or not (None: as above).
+    batches: int | None = None
+    # It logs what it did itself, in more words than a count (reindex: the index, its bytes
+    # before and after): no line from the scanner.
+    logs_itself: bool = False
 
     def batch(
         self,
@@ -393,6 +546,9 @@ SWEEPS = (
           said="dropped {n} history partition(s) past retention"),
     Sweep("retention", sweep_retention, every=RETENTION_EVERY, setting="retention",
           budget=BUDGET, said="deleted {n} finished run(s) past retention"),
+    # Last: what the sweeps before it deleted is what it gives back. One index a pass at most.
+    Sweep("reindex", sweep_reindex, every=REINDEX_EVERY, batches=1, logs_itself=True,
+          said="rebuilt {n} bloated queue index(es)"),
 )  # fmt: skip
 
 

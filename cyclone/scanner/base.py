@@ -60,7 +60,7 @@ class Sweeper:
             changed = self.run_once(conn)
             total += changed
             batches += 1
-            if changed < self.batch_size:
+            if changed < self.batch_size or batches == self.sweep.batches:
                 break
             if budget is not None:
                 # Behind: keep going, without pauses (its rows are ended runs, which no worker
@@ -71,7 +71,7 @@ class Sweeper:
             if batches >= MAX_BATCHES:
                 break
             pause(random.uniform(*BATCH_PAUSE))
-        if total:
+        if total and not self.sweep.logs_itself:
             log.info(
                 "%s", self.sweep.describe(total), extra={"action": "sweep", "sweep": self.name}
             )

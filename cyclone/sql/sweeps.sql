@@ -372,3 +372,77 @@ WITH live AS MATERIALIZED (
 )
 SELECT (SELECT count(*) FROM parked)::integer AS parked,
        (SELECT count(*) FROM unparked)::integer AS unparked;
+
+-- name: sweep_reindex
+-- The queue-shaped indexes (partial, over rows that come and go at the drain rate: a backlog
+-- fills them, and when it drains VACUUM only marks their pages reusable, never gives them
+-- back), each with what an entry takes in a fresh build, measured at 50,000 entries (key
+-- columns, tuple header, line pointer, leaves 90% full; a workflow name of 13 characters, a
+-- key and a node name of 11 or 12; live runs with distinct deadlines: without one, they share
+-- a deduplicated key at 7 bytes an entry). Not the running steps' index (one entry per worker
+-- at most) nor the limited nodes' (their slots at most): no backlog reaches them.
+-- Returns, most bytes to win first, each such index that is bloated: its pages as of its last
+-- VACUUM, ANALYZE or build (relpages, beside the entries counted then: reltuples; -1, never
+-- counted) at least %(floor)s bytes and more than %(ratio)s times what those entries take;
+-- and before them the leftovers of a rebuild that failed: invalid indexes named after one of
+-- them with _ccnew or _ccold and a number. None of a table whose index is being built now
+-- (another REINDEX or CREATE INDEX CONCURRENTLY would wait for it). `may`: whether this role
+-- may do it: drop an index it owns; rebuild one of a table it owns, or (PostgreSQL 17) holds
+-- MAINTAIN on. `pid`: the server process that ran this (behind a pooler, not the session's).
+-- Reads the catalog through the two tables' indexes (pg_index by indrelid): a few dozen rows.
+WITH queue (name, entry) AS (VALUES
+    ('cyclone_steps_ready_idx', 50), ('cyclone_steps_available_idx', 32),
+    ('cyclone_steps_held_idx', 68), ('cyclone_steps_parked_idx', 32),
+    ('cyclone_steps_due_idx', 24), ('cyclone_runs_fair_idx', 48),
+    ('cyclone_runs_live_idx', 32), ('cyclone_runs_queued_idx', 88),
+    ('cyclone_runs_queued_deadline_idx', 24)
+), found AS (
+    SELECT n.nspname::text AS schema, i.relname::text AS index, t.relname::text AS "table",
+           i.relname <> q.name AS leftover, x.indisvalid AS valid, q.entry,
+           i.relpages::float8 * current_setting('block_size')::int AS counted_bytes,
+           i.reltuples AS entries, pg_relation_size(i.oid) AS bytes,
+           pg_relation_size(t.oid) AS table_bytes,
+           CASE WHEN i.relname <> q.name THEN pg_has_role(i.relowner, 'USAGE')
+                WHEN current_setting('server_version_num')::int >= 170000
+                THEN has_table_privilege(t.oid, 'MAINTAIN')
+                ELSE pg_has_role(t.relowner, 'USAGE') END AS may
+      FROM pg_class t
+      JOIN pg_namespace n ON n.oid = t.relnamespace
+      JOIN pg_index x ON x.indrelid = t.oid
+      JOIN pg_class i ON i.oid = x.indexrelid
+      JOIN queue q ON i.relname = q.name
+                   OR (left(i.relname, length(q.name)) = q.name
+                       AND substr(i.relname, length(q.name) + 1) ~ '^_cc(new|old)[0-9]*$')
+     WHERE t.oid IN (to_regclass('cyclone_steps'), to_regclass('cyclone_runs'))
+       AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index p WHERE p.relid = t.oid)
+)
+SELECT schema, index, "table", leftover, bytes, entries::bigint AS entries, table_bytes, may,
+       pg_backend_pid() AS pid, current_user::text AS "user"
+  FROM found
+ WHERE CASE WHEN leftover THEN NOT valid
+            ELSE entries >= 0 AND counted_bytes >= %(floor)s
+                 AND counted_bytes > %(ratio)s * entries * entry END
+ ORDER BY leftover DESC, counted_bytes - greatest(entries, 0) * entry DESC;
+
+-- name: reindex_lock
+-- One rebuild at a time in a schema, whatever the number of scanners: a session lock, taken
+-- without waiting, released by reindex_unlock once done (a lost session releases it too).
+SELECT pg_try_advisory_lock(hashtext(current_schema() || '.cyclone_reindex'), 0) AS locked;
+
+-- name: reindex_unlock
+SELECT pg_advisory_unlock(hashtext(current_schema() || '.cyclone_reindex'), 0) AS unlocked;
+
+-- name: reindex_index
+-- {index}: the index, with its schema (psycopg.sql). Not in a transaction block: it commits
+-- several times as it goes (build, validate, swap, drop the old one); writes go on meanwhile.
+REINDEX INDEX CONCURRENTLY {index};
+
+-- name: reindex_drop
+-- {index}: a rebuild's leftover, with its schema. Not in a transaction block either.
+DROP INDEX CONCURRENTLY IF EXISTS {index};
+
+-- name: reindex_size
+-- An index's bytes now (after its rebuild: the new one's).
+SELECT pg_relation_size(c.oid) AS bytes
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = %(schema)s AND c.relname = %(index)s;

@@ -177,15 +177,25 @@ def test_a_sweep_that_changed_nothing_logs_nothing(caplog) -> None:
     assert caplog.text == ""
 
 
+def test_a_sweep_of_one_batch_a_pass_that_logs_itself(caplog) -> None:
+    sweep, calls = counting(1, [1, 1])
+    sweep.sweep = dataclasses.replace(sweep.sweep, batches=1, logs_itself=True)
+    with caplog.at_level("INFO"):
+        assert sweep.run(None, pause=lambda _: None) == 1  # full, and yet once
+    assert calls == [1] and caplog.text == ""
+    (reindex,) = [s for s in engine.SWEEPS if s.name == "reindex"]
+    assert reindex.batches == 1 and reindex.logs_itself and reindex.every
+
+
 def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
     options = ScannerOptions(dsn="", interval=1, batch_size=10, retention=0)
     names = [s.name for s in make_sweeps(options)]
     assert names == [
         "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
-        "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules",
+        "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules", "reindex",
     ]  # fmt: skip
     kept = make_sweeps(ScannerOptions(dsn="", interval=1, batch_size=10, retention=60))
-    assert kept[-1].name == "retention" and not kept[-1].due(kept[-1].last_run + 1)
+    assert kept[-2].name == "retention" and not kept[-2].due(kept[-2].last_run + 1)
 
 
 # The labels of the sweeps' counts on the scanner's `scanned` pipe line and in its log lines:
@@ -193,7 +203,7 @@ def test_deadlines_come_first_and_zero_retention_keeps_runs_forever() -> None:
 LABELS = [
     "deadlines", "queued_deadlines", "expired_leases", "max_wait", "sleeps",
     "stale_supervisors", "held_steps", "unserved", "fair_clock", "schedules", "history",
-    "history_drop", "retention",
+    "history_drop", "retention", "reindex",
 ]  # fmt: skip
 
 
@@ -245,5 +255,6 @@ def test_the_scanner_and_testenv_run_the_same_sweeps_in_the_same_order(env, monk
     scanner.conn, scanner.wakeup = env.conn, SimpleNamespace(wait=lambda _: None)
     counts, ok = scanner.scan_once()
     # History and retention are off in both.
-    assert ok and ran == by_env == LABELS[:-3]
-    assert list(counts) == LABELS[:-3] and set(counts.values()) == {0}
+    on = [name for name in LABELS if name not in ("history", "history_drop", "retention")]
+    assert ok and ran == by_env == on
+    assert list(counts) == on and set(counts.values()) == {0}
