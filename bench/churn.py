@@ -2,6 +2,7 @@
 
     python bench/churn.py [--rate auto|RUNS_PER_S] [--share 0.8] [--minutes 30] [--retention 60]
                           [--history-after 10] [--workers 4] [--window 30] [--dsn DSN]
+                          [--stall SECONDS --stall-at SECONDS]
 
 A fresh schema, a real `cyclone-supervisor` (`--workers` workers and its scanner, `[scanner]
 retention` and `history_after` as given; `--history-after 0` is the old way: runs stay hot
@@ -18,6 +19,12 @@ the end: the first and last windows' completion rates and their ratio, rows kept
 x (retention + sweep period), bytes kept in the last windows against those after the first
 retention period, and the windows that lost more than a tenth of the CPU to the host.
 
+`--stall S --stall-at T` freezes the supervisor and its children (SIGSTOP, then SIGCONT)
+for S seconds from T seconds into the churn, while submission goes on: what a host that takes
+the CPU for a minute does. The backlog it leaves drains at the share the churn leaves spare,
+and the bytes it made the queue indexes take should be given back (the `reindex` sweep) by
+the end.
+
 Targets (issue 25): rows kept within 2x of rate x (retention + sweep period), bytes flat after
 the first retention period, completions/s within 10% from the first window to the last.
 """
@@ -25,6 +32,8 @@ the first retention period, completions/s within 10% from the first window to th
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
 import tempfile
@@ -204,6 +213,25 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
     return 100.0 * (after[0] - before[0]) / (after[1] - before[1])
 
 
+def freeze(sup: Supervisor, at: float, seconds: float) -> None:
+    """From `at` seconds on, `seconds` with the supervisor and its children stopped."""
+
+    def stall() -> None:
+        time.sleep(at)
+        pids = [sup.popen.pid, *sup.children()]
+        print(f"-- stall: {len(pids)} processes stopped for {seconds:.0f}s", flush=True)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        print("-- stall over", flush=True)
+
+    threading.Thread(target=stall, daemon=True).start()
+
+
 def mib(n: int) -> str:
     return f"{n / 2**20:7.1f}"
 
@@ -218,6 +246,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--window", type=float, default=30.0)
     parser.add_argument("--dsn", default=None)
+    parser.add_argument("--stall", type=float, default=0.0, help="seconds frozen (SIGSTOP)")
+    parser.add_argument("--stall-at", type=float, default=300.0, help="seconds into the churn")
     args = parser.parse_args()
     # A SIGTERM ends the run as ^C does: the supervisor stopped, the schema dropped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -251,6 +281,8 @@ def main() -> int:
         try:
             submitter.start()
             start = time.monotonic()
+            if args.stall > 0:
+                freeze(sup, args.stall_at, args.stall)
             last = measure(env, submitter)
             last_t, last_ticks = start, cpu_ticks()
             while time.monotonic() - start < args.minutes * 60:
