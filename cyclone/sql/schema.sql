@@ -227,7 +227,10 @@ CREATE TABLE cyclone_steps (
     held             boolean NOT NULL DEFAULT false,
     -- Parked by the `unserved` sweep (state `waiting`): its run's graph is served by no live
     -- supervisor, and it waits out of the lease index until one serves it (migration 16).
-    parked           boolean NOT NULL DEFAULT false
+    parked           boolean NOT NULL DEFAULT false,
+    -- Of a node limited to more than 16 at once: 1, its lease admits the node's next steps; 2,
+    -- its end does (cyclone_admit_steps, migration 30). 0 for every other step.
+    refill           smallint NOT NULL DEFAULT 0
 );
 
 -- One step per node instance: advancing a run twice cannot create a node twice. Its leading
@@ -680,7 +683,8 @@ LANGUAGE sql STABLE AS $$
      WHERE g.hash = graph_hash AND n->>'name' = node
 $$;
 
-CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz, lim_hint integer DEFAULT NULL)
+CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz, lim_hint integer DEFAULT NULL,
+                                    marked boolean DEFAULT false)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -692,6 +696,7 @@ DECLARE
     slack CONSTANT interval := interval '300 milliseconds';
     lim integer := lim_hint;
     free integer := batch;
+    ready integer := 0;
     admitted integer;
     st record;
     ev record;
@@ -740,7 +745,8 @@ BEGIN
     -- hoping to stop early, and it read every step when fewer than `enough` were there. From
     -- the last pass: the entries leased steps leave until VACUUM are at the first passes
     -- (steps are admitted and leased in pass order), and a walk from there read them all.
-    IF lim > enough THEN
+    -- A marked step's call (migration 30) skips it: it comes when the walk would not return.
+    IF lim > enough AND NOT marked THEN
         IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
                                    WHERE s.workflow = wf AND s.node = nd
                                      AND s.node_limit IS NOT NULL AND s.state = 'available'
@@ -754,10 +760,22 @@ BEGIN
         RETURN 0;
     END IF;
     IF lim IS NOT NULL THEN
-        SELECT lim - count(*) INTO free FROM cyclone_steps s
+        SELECT lim - count(*), count(*) FILTER (WHERE s.state = 'available') INTO free, ready
+          FROM cyclone_steps s
          WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
            AND s.state IN ('available', 'running');
         IF free <= 0 THEN
+            -- Every slot held: each holder admits when it lets its slot go, so that the first
+            -- slot freed is filled (the step whose lease called, too; those another
+            -- transaction holds now are ending, or being marked by it).
+            IF lim > enough THEN
+                UPDATE cyclone_steps s SET refill = 2
+                 WHERE s.id IN (SELECT h.id FROM cyclone_steps h
+                                 WHERE h.workflow = wf AND h.node = nd
+                                   AND h.node_limit IS NOT NULL
+                                   AND h.state IN ('available', 'running') AND h.refill <> 2
+                                   FOR UPDATE SKIP LOCKED);
+            END IF;
             RETURN 0;
         END IF;
         free := least(free, batch);
@@ -911,11 +929,20 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN 0;
     END IF;
-    -- The steps picked (locked by the walk), in one statement.
+    -- The steps picked (locked by the walk), in one statement, marked (migration 30) for the
+    -- call that admits the next ones, where a node's limit is above `enough` (at or under it,
+    -- every slot let go admits): with `enough` or more available after this call, the step
+    -- leased when fewer than `enough` are left behind it, in lease order (1: its lease
+    -- admits); with fewer (the slots are held by running steps), every step admitted (2: the
+    -- end of each admits).
     UPDATE cyclone_steps s
        SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
-           available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
-      FROM unnest(ids, waits) AS a (id, wait)
+           available_at = greatest(s.available_at, at + make_interval(secs => a.wait)),
+           refill = CASE WHEN lim IS NULL OR lim <= enough THEN 0
+                         WHEN ready + cardinality(ids) < enough THEN 2
+                         WHEN a.n = greatest(cardinality(ids) - enough + 1, 1) THEN 1
+                         ELSE 0 END
+      FROM unnest(ids, waits) WITH ORDINALITY AS a (id, wait, n)
      WHERE s.id = ANY (ids) AND s.id = a.id;
     GET DIAGNOSTICS admitted = ROW_COUNT;
     RETURN admitted;
@@ -979,8 +1006,16 @@ CREATE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
 BEGIN
-    IF OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running') THEN
-        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit);
+    -- What admits the next steps of a node (migration 30): with a limit of 16 (`enough`) or
+    -- less, every slot let go; above it, only a marked step: 1 when it leaves `available`
+    -- (its lease, typically), 2 when it lets its slot go. The others' ends admit nothing: the
+    -- walk that found `enough` available for nearly every one of them cost more than the rest
+    -- of the step's admission.
+    IF (OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running')
+        AND (OLD.node_limit <= 16 OR OLD.refill = 2))
+       OR (OLD.refill = 1 AND OLD.state = 'available' AND NEW.state <> 'available') THEN
+        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit,
+                                        OLD.refill > 0);
     END IF;
     RETURN NULL;
 END

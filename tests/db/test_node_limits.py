@@ -131,6 +131,67 @@ def test_a_freed_slot_waits_while_16_of_the_nodes_steps_are_available_then_all_a
     assert counts(env, wide) == {"completed": 25, "available": 35}
 
 
+def _marks(env: TestEnv, wf: cyclone.Workflow) -> dict[int, int]:
+    rows = env.conn.execute(
+        "SELECT refill, count(*) AS n FROM cyclone_steps WHERE workflow = %s"
+        " AND state IN ('available', 'running') GROUP BY 1",
+        (wf.name,),
+    ).fetchall()
+    return {r["refill"]: r["n"] for r in rows}
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_workers_draining_a_node_above_16_never_wait_for_the_sweep(env: TestEnv, at_once: int):
+    """Above 16, an end admits nothing unless its step is marked (migration 30): the step
+    leased when fewer than 16 are left behind it admits the next ones. No sweep runs here: a
+    lease that found nothing while steps were held would wait for one."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 300)
+    assert counts(env, wide) == {"available": 40, "held": 260}
+    marker = env.conn.execute(
+        "SELECT refill FROM cyclone_steps WHERE workflow = %s AND NOT held"
+        " ORDER BY priority, pass, id OFFSET 24 LIMIT 1",
+        (wide.name,),
+    ).fetchone()
+    assert _marks(env, wide) == {0: 39, 1: 1} and marker["refill"] == 1
+    done = 0
+    while done < 300:
+        taken = [lease(env, wide) for _ in range(at_once)]
+        assert taken[0] is not None, counts(env, wide)
+        for one in filter(None, taken):
+            assert engine.complete_step(env.conn, one, None)
+            done += 1
+        assert in_use(env, wide) <= 40
+    assert counts(env, wide) == {"completed": 300}
+
+
+def test_when_running_steps_hold_a_nodes_slots_each_end_admits_the_next(env: TestEnv):
+    """Slots held by running steps (fewer than 16 available): a call that finds every slot
+    held marks the holders to admit when they end, and what an end admits is marked so too;
+    their leases admit nothing (they cannot free a slot)."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 120)
+    running = [lease(env, wide) for _ in range(40)]
+    assert all(running) and lease(env, wide) is None
+    assert _marks(env, wide) == {2: 40}  # every holder, by the lease that found none free
+    held = counts(env, wide)["held"]
+    for i, one in enumerate(running[:10], 1):
+        assert engine.complete_step(env.conn, one, None)
+        assert counts(env, wide)["held"] == held - i  # its slot filled at once
+    assert _marks(env, wide) == {2: 40}
+    before = _admission_calls(env)
+    with connect(_counted(env)) as conn:
+        for _ in range(10):
+            assert engine.lease_step(conn, worker="nl", workflows=[wide.name], now=env.now())
+        assert engine.complete_step(conn, running[10], None)
+    assert _calls_since(env, before, 1) == 1  # the end's alone
+    for one in running[11:]:
+        assert engine.complete_step(env.conn, one, None)
+    while taken := lease(env, wide):  # and so on, with no sweep, to the last
+        assert engine.complete_step(env.conn, taken, None)
+    assert counts(env, wide) == {"completed": 110, "running": 10}
+
+
 def test_a_map_node_limit_bounds_its_items(env: TestEnv):
     env.register(*ALL)
     env.client.submit(mapped, None)
@@ -636,9 +697,9 @@ class LimitedSteps(RuleBasedStateMachine):
 
     @rule()
     def sweep(self) -> None:
-        """The scanner's pass admits what a freed slot left: above 16, a slot freed while 16
-        of the node's steps were available waits (leases do not admit), until a later freed
-        slot or this sweep finds fewer available."""
+        """The scanner's pass admits what a freed slot left: above 16, a slot freed by an
+        unmarked step waits for a marked one (migration 30) or this sweep, which admits
+        whenever fewer than 16 of the node's steps are available."""
         self.env.scan()
         wf, limit = self.NODES["roomy"]
         c = counts(self.env, wf)

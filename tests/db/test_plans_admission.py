@@ -4,8 +4,8 @@ steps, the dead entries admitted and ended steps leave behind, and the statistic
 
 A node limited to 64 at once, with a rate limit, holds a backlog of thousands of steps, beside
 a backlog of another workflow's steps available to workers. A
-freed slot while 16 or more of its steps are available looks at those 16 and stops (the
-common case of a limit that does not bind); an admission reads and writes the steps it admits,
+call while 16 or more of its steps are available (the held_steps sweep's, an insert's) looks at
+those 16 and stops (the common case of a limit that does not bind); an admission reads and writes the steps it admits,
 never the backlog. Each is explained with its custom and its generic plans (the statements
 inside the function follow plan_cache_mode as well) in the four statistics states of
 test_plans.py, in a transaction rolled back.
@@ -131,7 +131,9 @@ def test_an_admission_reads_and_writes_the_steps_it_admits_not_the_backlog(
     """Most of the node's slots are in use by running steps and fewer than 16 are available:
     the admission fills the free slots, at a cost that follows them, whatever waits behind."""
     leases = []
-    for _ in range(LIMIT - 20):
+    # Leased until fewer than 16 are available (the marked step's lease admits what fits:
+    # migration 30), so the running ones hold most slots.
+    while _states(held)["available"] >= 16 and len(leases) < LIMIT:
         lease = engine.lease_step(held.conn, worker="pa", workflows=[wide.name])
         assert lease is not None
         leases.append(lease)
@@ -140,17 +142,17 @@ def test_an_admission_reads_and_writes_the_steps_it_admits_not_the_backlog(
         assert states["available"] < 16 and states["held"] > HELD // 2, states
         free = LIMIT - states["available"] - states["running"]
         with held.conn.transaction(force_rollback=True):
-            # Two running steps end without their triggers (which would admit): two slots
-            # more for the admission explained.
+            # Eight running steps end without their triggers (which would admit): eight
+            # slots more for the admission explained.
             held.conn.execute("SET LOCAL session_replication_role = replica")
             held.conn.execute(
                 "UPDATE cyclone_steps SET state = 'completed', completed_at = now(),"
                 " lease_token = NULL, lease_expires_at = NULL WHERE id = ANY(%s)",
-                ([lease.step_id for lease in leases[:2]],),
+                ([lease.step_id for lease in leases[:8]],),
             )
             held.conn.execute("SET LOCAL session_replication_role = origin")
             result = _explain(held, mode)
-        admitted = free + 2
+        admitted = free + 8
         assert result.buffers <= ADMIT_BASE + ADMIT_PER_STEP * admitted, result.text
     finally:
         for lease in leases:
