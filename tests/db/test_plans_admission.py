@@ -3,10 +3,10 @@ of a limited node, and by the held_steps sweep) costs the same whatever the back
 steps, the dead entries admitted and ended steps leave behind, and the statistics.
 
 A node limited to 64 at once, with a rate limit, holds a backlog of thousands of steps, beside
-a backlog of another workflow's steps available to workers. A
-call while 16 or more of its steps are available (the held_steps sweep's, an insert's) looks at
-those 16 and stops (the common case of a limit that does not bind); an admission reads and writes the steps it admits,
-never the backlog. Each is explained with its custom and its generic plans (the statements
+a backlog of another workflow's steps available to workers. A call while 16 or more of its
+steps are available (the held_steps sweep's, an insert's) looks at those 16 and stops (the
+common case of a limit that does not bind); an admission reads and writes the steps it
+admits, never the backlog. Each is explained with its custom and its generic plans (the statements
 inside the function follow plan_cache_mode as well) in the four statistics states of
 test_plans.py, in a transaction rolled back.
 """
