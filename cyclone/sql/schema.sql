@@ -765,10 +765,11 @@ BEGIN
          WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
            AND s.state IN ('available', 'running');
         IF free <= 0 THEN
-            -- Every slot held: each holder admits when it lets its slot go, so that the first
-            -- slot freed is filled (the step whose lease called, too; those another
-            -- transaction holds now are ending, or being marked by it).
-            IF lim > enough THEN
+            -- Every slot held, found by a marked step: each holder admits when it lets its
+            -- slot go, so that the first slot freed is filled (the step whose lease called,
+            -- too; those another transaction holds now are ending, or being marked by it).
+            -- An unmarked call (an insert's, the sweep's) leaves that to the sweep's next pass.
+            IF lim > enough AND marked THEN
                 UPDATE cyclone_steps s SET refill = 2
                  WHERE s.id IN (SELECT h.id FROM cyclone_steps h
                                  WHERE h.workflow = wf AND h.node = nd

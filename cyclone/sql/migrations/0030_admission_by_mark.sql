@@ -8,10 +8,10 @@
 --
 -- An admission now marks the step whose turn should admit the next ones (`refill`): with 16 or more
 -- available after it, the one leased when fewer than 16 are left behind it (1: leaving `available`
--- admits); with fewer, every step it admitted (2: each one's end admits). A call that finds every
--- slot held marks every holder with 2, so the first slot freed is filled. A marked step's call
--- skips the walk. A limit of 16 or less works as before: every slot let go admits. The insert of
--- held steps and the held_steps sweep admit as before, and mark what they admit: steps admitted
+-- admits); with fewer, every step it admitted (2: each one's end admits). A marked step's call
+-- skips the walk, and when it finds every slot held it marks every holder with 2, so that the first
+-- slot freed is filled. A limit of 16 or less works as before: every slot let go admits. The insert
+-- of held steps and the held_steps sweep admit as before, and mark what they admit: steps admitted
 -- before this version carry no mark, and the sweep (every scanner pass) admits their node's next
 -- steps until an admission marks some.
 
@@ -101,10 +101,11 @@ BEGIN
          WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
            AND s.state IN ('available', 'running');
         IF free <= 0 THEN
-            -- Every slot held: each holder admits when it lets its slot go, so that the first
-            -- slot freed is filled (the step whose lease called, too; those another
-            -- transaction holds now are ending, or being marked by it).
-            IF lim > enough THEN
+            -- Every slot held, found by a marked step: each holder admits when it lets its
+            -- slot go, so that the first slot freed is filled (the step whose lease called,
+            -- too; those another transaction holds now are ending, or being marked by it).
+            -- An unmarked call (an insert's, the sweep's) leaves that to the sweep's next pass.
+            IF lim > enough AND marked THEN
                 UPDATE cyclone_steps s SET refill = 2
                  WHERE s.id IN (SELECT h.id FROM cyclone_steps h
                                  WHERE h.workflow = wf AND h.node = nd
