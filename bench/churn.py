@@ -92,7 +92,7 @@ SELECT coalesce(n_dead_tup, 0) AS dead, coalesce(autovacuum_count, 0) AS autovac
 # runs, so they cannot be counted where they are kept).
 LIVE = "SELECT count(*) AS n FROM cyclone_runs WHERE state IN ('running', 'queued', 'paused')"
 RELATIONS = """
-SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes
+SELECT c.relname AS name, pg_relation_size(c.oid) AS bytes, c.relfilenode AS file
   FROM pg_class c
  WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'i')
    AND (c.relname IN ('cyclone_runs', 'cyclone_steps')
@@ -195,6 +195,20 @@ def relation_bytes(env: TestEnv) -> dict[str, int]:
     return {rel["name"]: rel["bytes"] for rel in env.conn.execute(RELATIONS).fetchall()}
 
 
+def rebuilt(env: TestEnv, files: dict[str, tuple[int, int]]) -> list[str]:
+    """The hot relations given a new file since the last call, each with its MiB before and
+    after: the reindex sweep's rebuilds (VACUUM's truncation keeps the file). `files` is kept
+    between calls."""
+    out = []
+    for rel in env.conn.execute(RELATIONS).fetchall():
+        was = files.get(rel["name"])
+        if was is not None and was[0] != rel["file"]:
+            out.append(f"{rel['name']} {was[1] / 2**20:.2f}->{rel['bytes'] / 2**20:.2f}")
+        files[rel["name"]] = (rel["file"], rel["bytes"])
+    env.conn.commit()
+    return out
+
+
 def cpu_ticks() -> tuple[int, int] | None:
     """The machine's CPU time stolen by its host and in all (jiffies, /proc/stat; None off
     Linux). On a VM a neighbour can take a third of the CPU for minutes: a churn at 80% of
@@ -278,6 +292,8 @@ def main() -> int:
         windows: list[dict[str, Any]] = []
         settle_t = args.retention + args.history_after + 60
         early_rels: dict[str, int] = {}  # each hot relation's bytes after the first retention
+        files: dict[str, tuple[int, int]] = {}
+        rebuilt(env, files)
         try:
             submitter.start()
             start = time.monotonic()
@@ -310,6 +326,8 @@ def main() -> int:
                     f"{cur['oldest_due']:14.2f} {cur['steal']:7.0f}",
                     flush=True,
                 )
+                for what in rebuilt(env, files):
+                    print(f"      rebuilt: {what} MiB", flush=True)
                 last, last_t, last_ticks = cur, now, ticks
         finally:
             submitter.stopping.set()
