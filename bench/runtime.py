@@ -274,7 +274,7 @@ def flow_drain(base: str, steps: int, workers: int, flow: str) -> float:
         offset = clock_offset(env)
         sup = Supervisor(env.dsn, Path(tmp), workers)
         try:
-            wait_completed(env, sup, steps, 0.2)
+            wait_completed(env, sup, steps, 0.2, drained=True)
             last = scalar(env, LAST_FINISH)
             elapsed = last - (sup.ready_wall + offset)
         finally:
