@@ -165,6 +165,23 @@ def test_workers_draining_a_node_above_16_never_wait_for_the_sweep(env: TestEnv,
     assert counts(env, wide) == {"completed": 300}
 
 
+def test_an_insert_that_finds_every_slot_held_marks_no_holder(env: TestEnv):
+    """Only a marked step's admission marks the holders when every slot is held: an insert's
+    (or the sweep's) leaves them to the sweep's next pass, and writes nothing (its statement,
+    the sweep's above all, stays a read)."""
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 40)
+    assert all(lease(env, wide) for _ in range(30))
+    # Holders with no mark, as steps admitted before migration 30 are, 10 of them available:
+    # fewer than 16, so the insert's call does not return at its walk.
+    env.conn.execute("UPDATE cyclone_steps SET refill = 0 WHERE workflow = %s", (wide.name,))
+    env.client.submit_many(wide, [None] * 10)
+    assert counts(env, wide) == {"running": 30, "available": 10, "held": 10}
+    assert _marks(env, wide) == {0: 40}
+    assert sweep_held_steps(env.conn, now=env.now()) == 0
+    assert _marks(env, wide) == {0: 40}
+
+
 def test_when_running_steps_hold_a_nodes_slots_each_end_admits_the_next(env: TestEnv):
     """Slots held by running steps (fewer than 16 available): a call that finds every slot
     held marks the holders to admit when they end, and what an end admits is marked so too;
