@@ -315,8 +315,6 @@ def main() -> int:
                            steal=steal_pct(last_ticks, ticks),
                            kept=cur["cyclone_runs"] + cur["cyclone_history_runs"])  # fmt: skip
                 windows.append(cur)
-                if not early_rels and cur["t"] > settle_t:
-                    early_rels = relation_bytes(env)
                 print(
                     f"{cur['t']:5.0f} {rate:7.0f} {cur['cyclone_runs']:9d} "
                     f"{cur['cyclone_steps']:10d} {cur['cyclone_history_runs']:10d} "
@@ -328,6 +326,8 @@ def main() -> int:
                 )
                 for what in rebuilt(env, files):
                     print(f"      rebuilt: {what} MiB", flush=True)
+                if not early_rels and cur["t"] > settle_t:
+                    early_rels = {name: size for name, (_, size) in files.items()}
                 last, last_t, last_ticks = cur, now, ticks
         finally:
             submitter.stopping.set()
