@@ -740,7 +740,7 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     ledger = read_ledger(chaos.tmp)
     found = overlaps(ledger)
     violations["overlapping attempts"] = len(found)
-    exceeded = limits_exceeded(db, ledger, chaos.cancelled)
+    exceeded = limits_exceeded(db, ledger, chaos.cancelled, first_lines(chaos.tmp))
     violations["flow-control limits exceeded"] = sum(not e.startswith(" ") for e in exceeded)
     found = found + exceeded
     attempts = db.rows("""
@@ -765,16 +765,33 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     return violations, figures
 
 
-def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list[str]:
+def first_lines(tmp: Path) -> dict[tuple[int, int, int], float]:
+    """(step, attempt, pid) -> the first ledger line's time. A step given back with its
+    attempt not spent starts again under the same attempt number, which the ledger's spans
+    merge into one: in another worker, it is another start that a rate limit must count."""
+    path = tmp / LEDGER
+    first: dict[tuple[int, int, int], float] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        parts = line.split()
+        if len(parts) == 4:
+            key = (int(parts[0]), int(parts[1]), int(parts[2]))
+            first[key] = min(first.get(key, float("inf")), float(parts[3]))
+    return first
+
+
+def limits_exceeded(
+    db: Db, ledger: dict[int, Any], cancelled: set[str], starts: dict[tuple[int, int, int], float]
+) -> list[str]:
     """Every flow-control limit replayed against the attempts' start and end times (the
     ledger: the host's monotonic clock, as the handlers wrote it). A cancelled run's handler
     may outlive its revoked lease by the kill grace, holding nothing: left out.
 
     * runs per key: no two runs of a key have attempts that overlap;
     * steps per node: never more than NODE_LIMIT attempts of chaos-narrow at once;
-    * the rate limit: replaying the attempts' starts through a bucket of BURST tokens refilled
-      at RATE a second, no start finds less than one token (less a twentieth, for the time
-      between the database's clock that gives a token and the handler's first ledger line).
+    * the rate limit: replaying the starts (each attempt in each worker) through a bucket of
+      BURST tokens refilled at RATE a second, no start finds less than one token (less a
+      twentieth, for the time between the database's clock that gives a token and the
+      handler's first ledger line).
     """
     rows = db.rows("""
         SELECT s.id, s.workflow, r.id::text, coalesce(r.concurrency_key, ''),
@@ -789,11 +806,14 @@ def limits_exceeded(db: Db, ledger: dict[int, Any], cancelled: set[str]) -> list
         if sid not in steps:
             continue
         wf, run, key = steps[sid]
-        for attempt, (first, last, pid) in attempts.items():
+        for first, last, _ in attempts.values():
             group = wf if wf != "chaos-keyed" else f"key {key}"
             spans.setdefault(group, []).append((first, last, run))
-            if wf == "chaos-rated":
-                rated_starts.append((first, sid, attempt, pid))
+    for (sid, attempt, pid), first in starts.items():
+        if sid in steps and steps[sid][0] == "chaos-rated":
+            rated_starts.append((first, sid, attempt, pid))
+    if rated_starts:
+        spans["chaos-rated"] = [(first, first, "") for first, _, _, _ in rated_starts]
     found = []
     for group, items in spans.items():
         if group.startswith("key "):

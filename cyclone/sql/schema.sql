@@ -365,6 +365,20 @@ CREATE TABLE cyclone_workers (
 -- in a dozen places; a trigger cannot be forgotten by the next one.
 ------------------------------------------------------------------------------------------------
 
+-- Whether a step's token is still promised to it: its id is among the pending steps of one of
+-- its limiter's buckets (those given a token and not yet counted as started). The row is
+-- locked in share mode, so that an admission writing the bucket is waited for and its new
+-- list read: a step that admission counted as started is no longer pending.
+CREATE FUNCTION cyclone_token_kept(limiter text, step bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM 1 FROM cyclone_rate_buckets b
+      WHERE b.name = limiter AND step = ANY (b.pending)
+        FOR SHARE;
+    RETURN FOUND;
+END
+$$;
+
 CREATE FUNCTION cyclone_steps_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- PL/pgSQL compiles a test the first time a transaction reaches it, and the cost grows
@@ -374,13 +388,18 @@ BEGIN
         -- A step of a limited node made available waits, held, until admitted: a new one, and
         -- one made available again other than by a planned stop giving it back (a retry of a
         -- rate-limited step takes a token per attempt; a DLQ retry takes a slot anew). A retry
-        -- of a node limited by concurrency only keeps its slot.
+        -- of a node limited by concurrency only keeps its slot. A rate-limited step given back
+        -- (its attempt not spent) keeps its token only while its bucket still counts it as not
+        -- started (migration 31): a handler that started spent it (the statement that stops
+        -- one sets `held`), and so did a lease the bucket already counted as started.
         IF NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL THEN
             IF NEW.state = 'available'
                AND (TG_OP = 'INSERT'
                     OR (OLD.state <> 'available' AND NOT OLD.held
                         AND (OLD.state <> 'running'
-                             OR (NEW.attempt >= OLD.attempt AND NEW.rate_limit IS NOT NULL))))
+                             OR (NEW.rate_limit IS NOT NULL
+                                 AND (NEW.attempt >= OLD.attempt OR NEW.held
+                                      OR NOT cyclone_token_kept(NEW.rate_limit, NEW.id))))))
             THEN
                 NEW.state := 'waiting';
                 NEW.held := true;

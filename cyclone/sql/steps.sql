@@ -386,7 +386,8 @@ SELECT h.step_id,
 -- name: steps_release
 -- Give back leases the supervisor took ahead and no worker took in time (see
 -- cyclone/supervisor/dispatch.py), as step_release gives one back: runs locked first, in id
--- order, then each step fenced by its token. One row, one column: how many went back, as text
+-- order, then each step fenced by its token. No handler started: a rate-limited step keeps its
+-- token while its bucket counts it as pending (cyclone_token_kept, migration 31). One row, one column: how many went back, as text
 -- (the supervisor reads it as it reads steps_dispatch's).
 WITH run AS (
     SELECT r.id FROM cyclone_runs r
@@ -408,7 +409,8 @@ SELECT count(*)::text AS result FROM released;
 
 -- name: step_release
 -- Give a step back without spending an attempt: its worker was stopped by a shutdown, not by
--- anything the step did. Fenced like every write of a lease holder.
+-- anything the step did. Fenced like every write of a lease holder. Its handler started: a
+-- rate-limited step spent its token, and is held for a new one (migration 31).
 WITH run AS (
     SELECT id FROM cyclone_runs WHERE id = (SELECT run_id FROM cyclone_steps
                                              WHERE id = %(step_id)s)
@@ -416,6 +418,7 @@ WITH run AS (
 )
 UPDATE cyclone_steps s
    SET state = 'available', attempt = greatest(s.attempt - 1, 0),
+       held = s.rate_limit IS NOT NULL,
        available_at = coalesce(%(now)s::timestamptz, now()), lease_token = NULL,
        lease_expires_at = NULL, gated_at = coalesce(%(now)s::timestamptz, now())
   FROM run

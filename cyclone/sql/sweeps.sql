@@ -66,6 +66,8 @@ WITH due AS (
        SET state = CASE WHEN s.attempt < s.max_attempts OR due.outage THEN 'available'
                         ELSE 'dead' END,
            attempt = CASE WHEN due.outage THEN greatest(s.attempt - 1, 0) ELSE s.attempt END,
+           -- (Its handler ran: a rate-limited step takes a new token, attempt spent or not.)
+           held = due.outage AND s.rate_limit IS NOT NULL,
            available_at = coalesce(%(now)s::timestamptz, now()),
            completed_at = CASE WHEN s.attempt < s.max_attempts OR due.outage THEN NULL
                                ELSE coalesce(%(now)s::timestamptz, now()) END,

@@ -73,3 +73,35 @@ def test_the_scanner_passes_its_workers_lease_ttl_as_the_grace(env: TestEnv) -> 
     (sweeper,) = [s for s in make_sweeps(options) if s.sweep.name == "expired_leases"]
     assert sweeper.settings["outage_grace"] == 30
     assert next(s for s in SWEEPS if s.name == "expired_leases").takes == ("outage_grace",)
+
+
+limited = cyclone.Workflow("wf-outage-limited")
+
+
+@limited.task(rate_limit="outage-api", max_attempts=1, timeout=timedelta(minutes=5))
+def call(ctx: cyclone.StepContext) -> int:
+    return 1
+
+
+def test_a_rate_limited_lease_that_lapsed_while_the_server_was_down_takes_a_new_token(
+    env: TestEnv,
+) -> None:
+    """Its handler ran before the restart and spent its token: the attempt comes back, the
+    token does not (migration 31; kept, it would start again uncounted by its bucket)."""
+    env.register(limited)
+    env.client.set_rate_limit("outage-api", rate=1, per=timedelta(hours=1), burst=1)
+    env.client.submit(limited, {})
+    env.scan()  # admits it on the bucket's one token
+    lease = engine.lease_step(env.conn, worker="host:1", now=env.now(), lease_ttl=5.0)
+    assert lease is not None
+    env.conn.execute(
+        "UPDATE cyclone_steps SET lease_expires_at = %s WHERE id = %s",
+        (server_start(env) - timedelta(seconds=5), lease.step_id),
+    )
+    now = max(env.now(), server_start(env) + timedelta(seconds=1))
+    assert engine.sweep_expired_leases(env.conn, now=now, outage_grace=30.0) == 1
+    step = env.conn.execute(
+        "SELECT state, held, attempt FROM cyclone_steps WHERE id = %s", (lease.step_id,)
+    ).fetchone()
+    assert step == {"state": "waiting", "held": True, "attempt": 0}
+    assert engine.lease_step(env.conn, worker="host:2", now=now, lease_ttl=5.0) is None
