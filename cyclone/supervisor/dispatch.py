@@ -83,9 +83,10 @@ log = logging.getLogger(__name__)
 # sent at once.
 LINGER = 0.001
 # With no worker waiting (only tasks finished by workers that moved on to a queued lease), a
-# batch waits this long for more: each worker holds AHEAD steps, so none runs dry meanwhile,
-# and a statement for more steps costs PostgreSQL less a step.
-TAKEN_LINGER = 0.004
+# batch waits this long for more: each worker holds up to AHEAD steps, so none runs dry
+# meanwhile. (4 ms with 6 ahead; 1 ms with 8 drains no-op steps faster: bench/README.md,
+# "Eight leases ahead".)
+TAKEN_LINGER = 0.001
 # Sessions whose statements may run at once: one alone would keep every batch on one server
 # process, and so on one core, however many the server has.
 SESSIONS = 2
@@ -116,9 +117,17 @@ READY_SHARE = 0.05
 # Leases queued in each worker's name, at most. A worker that finds none waits for a whole
 # statement: with 1, 2, 3 and 4 of them held ready, 4 workers with no-op steps found one for
 # 50%, 70%, 84% and 93% of their steps (bench/README.md, "The supervisor leases for its
-# workers"); queued in the worker, a lease no longer waits for the supervisor's wake-up, and 6
-# keep a worker busy while its supervisor's two sessions each run a statement.
-AHEAD = 6
+# workers"); queued in the worker, a lease no longer waits for the supervisor's wake-up. 8
+# rather than 6 (with TAKEN_LINGER 1 ms, not 4) keep a worker busy through more of its
+# supervisor's statements: no-op drains 35-45% faster, 0.9-1.0 of the one-statement loop
+# where they were 0.6-0.7 (bench/README.md, "Eight leases ahead"). Not more: leases queued
+# count against a node's `concurrency`, and with 12 a limit of 64 over 4 workers was nearly
+# all leased, so that every end admitted one step, and such a drain fell to half of its
+# unlimited one. Fewer for longer steps: a queue holds at most half of READY_FOR of work at
+# the average step's length (AHEAD_FOR), so that its last lease is not given back for
+# waiting.
+AHEAD = 8
+AHEAD_FOR = READY_FOR / 2
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.
 TAKEN_TRIES = 3
@@ -554,9 +563,11 @@ class Dispatcher:
     def ahead(self, arbiter: Handles, leasing: list[Any]) -> list[Any]:
         """The workers to lease ahead for, once per lease: AHEAD queued for each worker about
         to run a step (in `leasing`) or running one for less than READY_BELOW, when the
-        steps are short (READY_BELOW), less those queued or being taken already."""
+        steps are short (READY_BELOW), fewer as they are longer (AHEAD_FOR), less those
+        queued or being taken already."""
         if self.duration >= READY_BELOW or arbiter.draining:
             return []
+        depth = min(AHEAD, max(1, int(AHEAD_FOR / self.duration))) if self.duration else AHEAD
         asked = Counter(id(h) for session in self.sessions for h in session.ahead)
         serving = {id(h) for h in leasing}
         # A worker whose step has run this long already is not about to ask.
@@ -565,7 +576,7 @@ class Dispatcher:
             h for h in arbiter.children.values()
             if (id(h) in serving or (h.lease is not None and h.lease.leased_at >= recent))
             and arbiter.may_lease(h, h.lease.step_id if h.lease is not None else None)
-            for _ in range(AHEAD - len(h.queued) - asked[id(h)])
+            for _ in range(depth - len(h.queued) - asked[id(h)])
         ]  # fmt: skip
 
     def give_back(self, ready: list[Ready]) -> None:

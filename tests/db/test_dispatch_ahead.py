@@ -357,6 +357,18 @@ def test_no_lease_is_taken_ahead_for_long_steps_or_while_draining(harness) -> No
     assert all(h.queued == [] for h in harness.arbiter.children.values())
 
 
+def test_fewer_leases_are_queued_as_the_steps_are_longer(harness) -> None:
+    """A worker's queue holds at most AHEAD_FOR of work at the average step's length: with
+    steps of about 16 ms, 7 leases (0.125 s), not AHEAD, whose last would wait longer."""
+    harness.env.client.submit_many(quick, list(range(AHEAD + 2)))
+    harness.dispatcher.duration = 0.0195  # and the want's 1 ms step: 0.0158 on average
+    harness.want(1)
+    harness.answer(1)
+    harness.settle()
+    assert harness.dispatcher.duration == pytest.approx(0.0158)
+    assert len(harness.arbiter.children[1].queued) == 7 < AHEAD
+
+
 def test_the_leases_queued_for_a_worker_gone_go_back(env: TestEnv) -> None:
     env.register(quick)
     h = Harness(env, workers=1)
