@@ -144,7 +144,9 @@ def _burst(env: TestEnv) -> None:
 def _big_map(env: TestEnv) -> str:
     """A 2,000-item map three quarters done; returns its run's id."""
     env.client.submit(bigmap, None)
-    lease = engine.lease_step(env.conn, worker="plans", workflows=[bigmap.name])
+    # On the env's clock, which made the step available: the server's now() may run behind it
+    # (CI once found nothing to lease here, the step due on one clock and not the other).
+    lease = engine.lease_step(env.conn, worker="plans", workflows=[bigmap.name], now=env.now())
     assert lease is not None and engine.expand_map(env.conn, lease, list(range(2000)))
     env.conn.execute(
         "UPDATE cyclone_steps SET state = 'completed', completed_at = now(), attempt = 1"
