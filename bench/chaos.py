@@ -65,7 +65,7 @@ import cyclone
 
 # The ledger's reader and overlap check are the freeze tests' (tests/process/ledger.py).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "process"))
-from ledger import LEDGER, overlaps, read_ledger
+from ledger import LEDGER, overlaps, read_ledger, read_starts
 
 # -- the workflows (the supervisors import this file as the module `chaos`) -----------------------
 
@@ -740,7 +740,7 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     ledger = read_ledger(chaos.tmp)
     found = overlaps(ledger)
     violations["overlapping attempts"] = len(found)
-    exceeded = limits_exceeded(db, ledger, chaos.cancelled, first_lines(chaos.tmp))
+    exceeded = limits_exceeded(db, ledger, chaos.cancelled, read_starts(chaos.tmp))
     violations["flow-control limits exceeded"] = sum(not e.startswith(" ") for e in exceeded)
     found = found + exceeded
     attempts = db.rows("""
@@ -763,20 +763,6 @@ def check(chaos: Chaos) -> tuple[dict[str, int], dict[str, Any]]:
     }
     db.conn.close()
     return violations, figures
-
-
-def first_lines(tmp: Path) -> dict[tuple[int, int, int], float]:
-    """(step, attempt, pid) -> the first ledger line's time. A step given back with its
-    attempt not spent starts again under the same attempt number, which the ledger's spans
-    merge into one: in another worker, it is another start that a rate limit must count."""
-    path = tmp / LEDGER
-    first: dict[tuple[int, int, int], float] = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
-        parts = line.split()
-        if len(parts) == 4:
-            key = (int(parts[0]), int(parts[1]), int(parts[2]))
-            first[key] = min(first.get(key, float("inf")), float(parts[3]))
-    return first
 
 
 def limits_exceeded(
@@ -806,14 +792,15 @@ def limits_exceeded(
         if sid not in steps:
             continue
         wf, run, key = steps[sid]
+        if wf == "chaos-rated":
+            continue  # its starts, below: each attempt in each worker
         for first, last, _ in attempts.values():
             group = wf if wf != "chaos-keyed" else f"key {key}"
             spans.setdefault(group, []).append((first, last, run))
     for (sid, attempt, pid), first in starts.items():
         if sid in steps and steps[sid][0] == "chaos-rated":
             rated_starts.append((first, sid, attempt, pid))
-    if rated_starts:
-        spans["chaos-rated"] = [(first, first, "") for first, _, _, _ in rated_starts]
+            spans.setdefault("chaos-rated", []).append((first, first, ""))
     found = []
     for group, items in spans.items():
         if group.startswith("key "):

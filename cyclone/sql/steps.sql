@@ -387,8 +387,8 @@ SELECT h.step_id,
 -- Give back leases the supervisor took ahead and no worker took in time (see
 -- cyclone/supervisor/dispatch.py), as step_release gives one back: runs locked first, in id
 -- order, then each step fenced by its token. No handler started: a rate-limited step keeps its
--- token while its bucket counts it as pending (cyclone_token_kept, migration 31). One row, one column: how many went back, as text
--- (the supervisor reads it as it reads steps_dispatch's).
+-- token while its bucket counts it as pending (cyclone_token_kept, migration 31). One row, one
+-- column: how many went back, as text (the supervisor reads it as it reads steps_dispatch's).
 WITH run AS (
     SELECT r.id FROM cyclone_runs r
      WHERE r.id IN (SELECT s.run_id FROM cyclone_steps s

@@ -25,6 +25,7 @@ from psycopg.conninfo import make_conninfo
 import cyclone
 from cyclone import engine, runner
 from cyclone.db import connect
+from cyclone.engine.dispatch import release
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.engine.runs import submit_runs
 from cyclone.engine.sweeps import sweep_held_steps
@@ -366,8 +367,6 @@ def test_a_retry_and_a_handler_stopped_by_a_planned_stop_each_take_a_new_token(e
 
 def _give_back(env: TestEnv, taken: engine.Lease) -> None:
     """steps_release, as the dispatcher gives back a lease no worker started in time."""
-    from cyclone.engine.dispatch import release
-
     assert release(env.conn, [(taken.step_id, taken.token)]) == 1
 
 

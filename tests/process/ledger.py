@@ -10,6 +10,7 @@ step at once. The freeze tests and the chaos bench (which imports this file) che
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 LEDGER = "ledger.log"
@@ -17,21 +18,37 @@ LEDGER = "ledger.log"
 Ledger = dict[int, dict[int, tuple[float, float, int]]]
 
 
-def read_ledger(folder: Path) -> Ledger:
-    """step -> attempt -> (first line, last line, pid), from folder/ledger.log."""
-    steps: Ledger = {}
+def _lines(folder: Path) -> Iterator[tuple[int, int, int, float]]:
+    """(step, attempt, pid, time) of each whole line of folder/ledger.log."""
     path = Path(folder) / LEDGER
     if not path.exists():
-        return steps
+        return
     for line in path.read_text().splitlines():
         parts = line.split()
         if len(parts) != 4:
             continue  # a line cut by a SIGKILL mid-write
-        step, attempt, pid, at = int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3])
+        yield int(parts[0]), int(parts[1]), int(parts[2]), float(parts[3])
+
+
+def read_ledger(folder: Path) -> Ledger:
+    """step -> attempt -> (first line, last line, pid), from folder/ledger.log."""
+    steps: Ledger = {}
+    for step, attempt, pid, at in _lines(folder):
         attempts = steps.setdefault(step, {})
         first, last, _ = attempts.get(attempt, (at, at, pid))
         attempts[attempt] = (min(first, at), max(last, at), pid)
     return steps
+
+
+def read_starts(folder: Path) -> dict[tuple[int, int, int], float]:
+    """(step, attempt, pid) -> its first line. A step given back with its attempt not spent
+    starts again under the same attempt number, which read_ledger's spans merge into one: in
+    another worker it is another start, which a rate limit must count."""
+    first: dict[tuple[int, int, int], float] = {}
+    for step, attempt, pid, at in _lines(folder):
+        key = (step, attempt, pid)
+        first[key] = min(first.get(key, at), at)
+    return first
 
 
 def overlaps(steps: Ledger) -> list[str]:
