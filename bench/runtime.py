@@ -3,7 +3,7 @@
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
                             [--only throughput,kills,memory,respawns,cpu,flow,fair]
-                            [--strip]
+                            [--flows declared,keyed,node,rate,key] [--strip]
                             [--dispatch true|false|true,false] [--baseline two|one]
                             [--dsn DSN]
 
@@ -23,7 +23,8 @@
   in /proc (gone or a zombie), polled every millisecond.
 * flow (only when asked for): 1-step drains with flow control beside the same drain with no
   limits, in one run: limits declared but never binding, and Concurrency(limit=1) over 100
-  keys (docs/flow-control.md); the ratio is to the no-limit drain of the same rep.
+  keys (docs/flow-control.md); the ratio is to the no-limit drain of the same rep. `--flows`
+  picks the drains: by default those two; node, rate and key are each declared limit alone.
 * fair (only when asked for): a backlog of --steps runs of one key drains; a second in, one
   run of another key is submitted: how long it waited and how many steps went first.
 * cpu (only when asked for): where a step's CPU goes, in microseconds a step, for one drain of
@@ -90,7 +91,17 @@ bench_declared = cyclone.Workflow(
 bench_declared.task(engine._noop, name="s1", concurrency=64, rate_limit="bench-unbound")
 bench_keyed = cyclone.Workflow("bench_keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
 bench_keyed.task(engine._noop, name="s1")
-FLOWS = {"none": bench_1step, "declared": bench_declared, "keyed": bench_keyed}
+# Each of the declared limits alone (--flows node,rate,key): what each costs.
+bench_node = cyclone.Workflow("bench_node")
+bench_node.task(engine._noop, name="s1", concurrency=64)
+bench_rate = cyclone.Workflow("bench_rate")
+bench_rate.task(engine._noop, name="s1", rate_limit="bench-unbound")
+bench_key = cyclone.Workflow("bench_key", concurrency=cyclone.Concurrency(key="k", limit=1_000_000))
+bench_key.task(engine._noop, name="s1")
+FLOWS = {
+    "none": bench_1step, "declared": bench_declared, "keyed": bench_keyed,
+    "node": bench_node, "rate": bench_rate, "key": bench_key,
+}  # fmt: skip
 # --only fair: a backlog of one key, and a run of another key submitted while it drains.
 bench_fair = cyclone.Workflow("bench_fair", concurrency=cyclone.Concurrency(key="k", limit=10**6))
 bench_fair.task(engine._noop, name="s1")
@@ -282,13 +293,13 @@ def flow_drain(base: str, steps: int, workers: int, flow: str) -> float:
     return steps / elapsed
 
 
-def flow_reps(base: str, steps: int, workers: list[int], reps: int) -> None:
+def flow_reps(base: str, steps: int, workers: list[int], reps: int, flows: list[str]) -> None:
     """Each flow beside the no-limit drain, reps interleaved; medians of the per-rep ratios."""
     ratios: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     for rep in range(reps):
         for n in workers:
-            order = list(FLOWS) if rep % 2 == 0 else list(reversed(FLOWS))
+            order = ["none", *flows] if rep % 2 == 0 else [*reversed(flows), "none"]
             got = {flow: flow_drain(base, steps, n, flow) for flow in order}
             for flow, rate in got.items():
                 rates.setdefault((flow, n), []).append(rate)
@@ -552,8 +563,16 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", choices=("two", "one"), default="two",
         help="throughput, cpu: the minimal loop with two commits a step (default) or one",
     )  # fmt: skip
+    p.add_argument(
+        "--flows", default="declared,keyed",
+        help="flow: the drains beside the one with no limits (declared, keyed, node, rate, key)",
+    )  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
+    flows = args.flows.split(",")
+    if not set(flows) <= set(FLOWS) - {"none"}:
+        p.error(f"--flows: a list of {', '.join(f for f in FLOWS if f != 'none')},"
+                f" not {args.flows!r}")  # fmt: skip
     global BASELINE
     BASELINE = "baseline1" if args.baseline == "one" else "baseline"
     modes = args.dispatch.split(",")
@@ -589,10 +608,11 @@ def main(argv: list[str] | None = None) -> int:
                   f" {statistics.median(ratios):>6.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
                   flush=True)  # fmt: skip
     if "flow" in only:
-        print(f"\nFlow control, {args.steps} no-op 1-step runs per drain, submitted through "
-              f"the API ({FLOW_KEYS} keys): declared = limits that never bind, keyed = "
-              "Concurrency(limit=1) per key")  # fmt: skip
-        flow_reps(base, args.steps, [int(n) for n in args.workers.split(",")], args.reps)
+        print(f"\nFlow control, {args.steps} no-op 1-step runs per drain, submitted through"
+              f" the API ({FLOW_KEYS} keys): declared = limits that never bind, keyed ="
+              " Concurrency(limit=1) per key; node, rate, key = each declared limit"
+              " alone")  # fmt: skip
+        flow_reps(base, args.steps, [int(n) for n in args.workers.split(",")], args.reps, flows)
     if "fair" in only:
         print(f"\nFairness: {args.steps} runs of one key draining, then one run of another "
               "key (database clock, submit to lease)")  # fmt: skip

@@ -713,6 +713,8 @@ DECLARE
     -- The longest from a lease to its handler's start: a lease taken ahead starts within
     -- READY_FOR (0.25 s, cyclone/supervisor/dispatch.py) of its statement, or goes back.
     slack CONSTANT interval := interval '300 milliseconds';
+    -- How often a bucket's pending steps are walked while it has tokens to spare (migration 32).
+    relook CONSTANT interval := interval '100 milliseconds';
     lim integer := lim_hint;
     free integer := batch;
     ready integer := 0;
@@ -738,6 +740,7 @@ DECLARE
     b_secs float8[];
     b_open boolean[];
     b_at timestamptz[];
+    b_walked boolean[];
     p_id bigint[];
     p_bucket integer[];
     b integer;
@@ -811,6 +814,7 @@ BEGIN
     b_secs := '{}';
     b_open := '{}';
     b_at := '{}';
+    b_walked := '{}';
     p_id := '{}';
     p_bucket := '{}';
     -- Pick the steps in lease order, skipping those another transaction holds; a bucket's row
@@ -865,45 +869,60 @@ BEGIN
                         b_at[b] := greatest(at, bucket.updated_at);
                         b_burst[b] := lim_row.burst;
                         b_secs[b] := lim_row.per / lim_row.rate;
-                        -- The level, refilled to b_at through the starts of the steps pending
-                        -- at the last admission, in the order they started. A leased step's
-                        -- handler starts up to `slack` after its lease (a lease taken ahead
-                        -- waits in its worker's queue: READY_FOR), so a step counts as started
-                        -- then, and until then keeps its token, as one still waiting does. One
-                        -- whose start is not on record (ended unstarted, gone to the history)
-                        -- took it at b_at, the latest it could have.
-                        b_level[b] := bucket.tokens;
-                        b_pend[b] := 0;
-                        t := bucket.updated_at;
-                        -- (One scan of the primary key for the ids, in order: neighbours
-                        -- share its pages, where a lookup per id descended it each time.)
-                        seen := 0;
-                        FOR ev IN
-                            SELECT s.id,
-                                   (s.state = 'available' AND NOT s.held)
-                                   OR (s.state = 'running' AND s.started_at + slack > b_at[b])
-                                       AS waiting,
-                                   least(greatest(coalesce(s.started_at + slack, b_at[b]),
-                                                  bucket.updated_at), b_at[b]) AS started
-                              FROM cyclone_steps s
-                             WHERE s.id = ANY (bucket.pending)
-                             ORDER BY 3, 1
-                        LOOP
-                            seen := seen + 1;
-                            IF ev.waiting THEN
-                                b_pend[b] := b_pend[b] + 1;
-                                p_id := p_id || ev.id;
-                                p_bucket := p_bucket || b;
-                            ELSE
-                                b_level[b] := least(b_burst[b], b_level[b]
-                                    + extract(epoch FROM ev.started - t) / b_secs[b]) - 1;
-                                t := ev.started;
-                            END IF;
-                        END LOOP;
-                        -- Those gone (to the history) took theirs at b_at.
-                        b_level[b] := least(b_burst[b],
-                                            b_level[b] + extract(epoch FROM b_at[b] - t) / b_secs[b])
-                                      - (cardinality(bucket.pending) - seen);
+                        -- A bucket walked less than `relook` ago that has tokens for its pending
+                        -- steps and a whole batch more, even were none of them started, is not
+                        -- walked again (migration 32): every step it meets gets a token now
+                        -- whatever the walk would find, and its pending steps stay pending, its
+                        -- level and time as they were, for the next walk to count. Walked at each
+                        -- admission, a busy bucket read every step leased in the last `slack`
+                        -- (1,500 at 5,000 steps/s) for each 20 or so steps a node limit admits.
+                        b_level[b] := least(b_burst[b], bucket.tokens
+                            + extract(epoch FROM b_at[b] - bucket.updated_at) / b_secs[b]);
+                        b_walked[b] := b_at[b] - bucket.updated_at >= relook
+                                       OR cardinality(bucket.pending) + batch > b_level[b];
+                        IF NOT b_walked[b] THEN
+                            b_pend[b] := cardinality(bucket.pending);  -- kept, new ones added
+                        ELSE
+                            -- The level, refilled to b_at through the starts of the steps pending
+                            -- at the last admission, in the order they started. A leased step's
+                            -- handler starts up to `slack` after its lease (a lease taken ahead
+                            -- waits in its worker's queue: READY_FOR), so a step counts as started
+                            -- then, and until then keeps its token, as one still waiting does. One
+                            -- whose start is not on record (ended unstarted, gone to the history)
+                            -- took it at b_at, the latest it could have.
+                            b_level[b] := bucket.tokens;
+                            b_pend[b] := 0;
+                            t := bucket.updated_at;
+                            -- (One scan of the primary key for the ids, in order: neighbours
+                            -- share its pages, where a lookup per id descended it each time.)
+                            seen := 0;
+                            FOR ev IN
+                                SELECT s.id,
+                                       (s.state = 'available' AND NOT s.held)
+                                       OR (s.state = 'running' AND s.started_at + slack > b_at[b])
+                                           AS waiting,
+                                       least(greatest(coalesce(s.started_at + slack, b_at[b]),
+                                                      bucket.updated_at), b_at[b]) AS started
+                                  FROM cyclone_steps s
+                                 WHERE s.id = ANY (bucket.pending)
+                                 ORDER BY 3, 1
+                            LOOP
+                                seen := seen + 1;
+                                IF ev.waiting THEN
+                                    b_pend[b] := b_pend[b] + 1;
+                                    p_id := p_id || ev.id;
+                                    p_bucket := p_bucket || b;
+                                ELSE
+                                    b_level[b] := least(b_burst[b], b_level[b]
+                                        + extract(epoch FROM ev.started - t) / b_secs[b]) - 1;
+                                    t := ev.started;
+                                END IF;
+                            END LOOP;
+                            -- Those gone (to the history) took theirs at b_at.
+                            b_level[b] := least(b_burst[b], b_level[b]
+                                                + extract(epoch FROM b_at[b] - t) / b_secs[b])
+                                          - (cardinality(bucket.pending) - seen);
+                        END IF;
                     END IF;
                 END IF;
             END IF;
@@ -937,9 +956,12 @@ BEGIN
                     b_secs[b], 0.05, least(b_burst[b] * b_secs[b] / 4, 1.0)));
             END IF;
             UPDATE cyclone_rate_buckets
-               SET tokens = b_level[b], updated_at = b_at[b], next_at = coalesce(next, next_at),
-                   pending = ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
-                                    WHERE p_bucket[i] = b)
+               SET tokens = CASE WHEN b_walked[b] THEN b_level[b] ELSE tokens END,
+                   updated_at = CASE WHEN b_walked[b] THEN b_at[b] ELSE updated_at END,
+                   next_at = coalesce(next, next_at),
+                   pending = CASE WHEN b_walked[b] THEN '{}' ELSE pending END
+                             || ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                       WHERE p_bucket[i] = b)
              WHERE name = b_name[b] AND key = b_key[b];
             IF cyclone_epoch_ms(next) < pg_sequence_last_value('cyclone_wake_timer') THEN
                 PERFORM cyclone_wake_timer(next);  -- the scanner sleeps past it

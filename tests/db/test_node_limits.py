@@ -672,6 +672,60 @@ def test_a_bucket_written_by_a_later_transaction_keeps_its_time(env: TestEnv):
     assert step["available_at"] == ahead + timedelta(seconds=0.25)
 
 
+def _admit(env: TestEnv, wf: cyclone.Workflow, node: str, at: datetime) -> int:
+    return env.conn.execute(
+        "SELECT cyclone_admit_steps(%s, %s, %s) AS n", (wf.name, node, at)
+    ).fetchone()["n"]
+
+
+def _bucket(env: TestEnv, name: str) -> dict:
+    return env.conn.execute(
+        "SELECT tokens, updated_at, cardinality(pending) AS pending FROM cyclone_rate_buckets"
+        " WHERE name = %s",
+        (name,),
+    ).fetchone()
+
+
+def test_a_bucket_with_tokens_to_spare_reads_its_pending_steps_at_most_every_100_ms(
+    env: TestEnv,
+):
+    """An admission reads a bucket's pending steps (given a token, not yet counted as started)
+    only 100 ms after the last read, while the bucket has tokens for them all and for a whole
+    batch more (migration 32). Read at every admission, a busy bucket read 1,500 steps for each
+    20 a node limit of 64 admitted. Until the next read its level and time stay as they were
+    and its new steps join the pending ones."""
+    env.register(*ALL)
+    env.client.submit_many(mailer, [None] * 406)  # held: its limiter is not declared yet
+    env.client.set_rate_limit("nl-smtp", rate=1000, per=timedelta(seconds=1), burst=1000)
+    t0 = env.now()
+    assert _admit(env, mailer, "send", t0) == 200
+    assert _bucket(env, "nl-smtp") == {"tokens": 1000, "updated_at": t0, "pending": 200}
+    assert _admit(env, mailer, "send", t0 + timedelta(seconds=0.05)) == 200
+    assert _bucket(env, "nl-smtp") == {"tokens": 1000, "updated_at": t0, "pending": 400}
+    later = t0 + timedelta(seconds=0.1)
+    assert _admit(env, mailer, "send", later) == 6
+    # Read: none of them leased, all still pending; refilled to the burst at the read's time.
+    assert _bucket(env, "nl-smtp") == {"tokens": 1000, "updated_at": later, "pending": 406}
+    assert counts(env, mailer) == {"available": 406}
+
+
+def test_a_bucket_short_of_tokens_reads_its_pending_steps_at_every_admission(env: TestEnv):
+    """Unread, a step counted as started since the last read would keep its token: the next
+    step would wait for the burst to free up, not for the next token."""
+    env.register(*ALL)
+    env.client.submit_many(mailer, [None] * 2)
+    env.client.set_rate_limit("nl-smtp", rate=10, per=timedelta(seconds=1), burst=1)
+    t0 = env.now()
+    sweep_held_steps(env.conn, now=t0)
+    assert _lease_at(env, mailer, t0) is not None
+    sweep_held_steps(env.conn, now=t0 + timedelta(seconds=0.25))  # not started yet, maybe
+    assert _available(env, mailer, t0) == []
+    # 70 ms after that read: the lease counts as started at t0 + 0.3 s, the next token
+    # refills a tenth of a second later.
+    sweep_held_steps(env.conn, now=t0 + timedelta(seconds=0.32))
+    assert _available(env, mailer, t0) == [pytest.approx(0.4, abs=0.01)]
+
+
 sm_tight = cyclone.Workflow("nl-sm-tight")
 sm_roomy = cyclone.Workflow("nl-sm-roomy")
 
