@@ -268,7 +268,7 @@ class Worker:
                     self.idle_reported = True
                     if self.dispatching():
                         continue  # asks again at once, parked: answered when work comes
-                self.nudge.wait(self.options.poll_interval)
+                self.nudge.wait(self.idle_wait())
                 continue
             self.idle_reported = False
             lease = self.run_step(lease)
@@ -336,6 +336,16 @@ class Worker:
 
     def dispatching(self) -> bool:
         return self.options.dispatch and time.monotonic() >= self.own_until
+
+    def idle_wait(self) -> float:
+        """How long an idle worker waits for a nudge before it looks again: the poll interval,
+        but while it leases on its own because dispatch failed, only until it may ask the
+        supervisor again. Parked there, a step made ready wakes it; asleep for a poll interval,
+        it slept past the outage, deaf to every wake (a minute, in tests)."""
+        left = self.own_until - time.monotonic()
+        if self.options.dispatch and left > 0:
+            return min(self.options.poll_interval, left)
+        return self.options.poll_interval
 
     def ask(self, line: bytes, parked: bool = False) -> channel.Given:
         """Send a `want` line (with a `done` report still unsent) and wait for the answer.

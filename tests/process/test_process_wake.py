@@ -15,8 +15,11 @@ from pathlib import Path
 import proc_wake_flows as flows
 import pytest
 from proc_helpers import wait_for
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import cyclone
+from cyclone.db import connect
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.testing import TestEnv
 
@@ -119,3 +122,37 @@ def test_timers_fire_on_time_between_the_scanners_passes(
     assert {r["run_id"]: r["error_kind"] for r in kinds} == {
         max_wait: "max_wait", deadline: "deadline"
     }
+
+
+def test_workers_that_leased_on_their_own_while_dispatch_failed_are_woken_again(
+    env: TestEnv, supervisor
+) -> None:
+    """The dispatcher's session ended and no new one could be opened: its workers lease on
+    their own for OWN_FOR (5 s), then ask it again, parked, where a step made ready wakes
+    them. Idle on their own, they slept a whole poll interval past the outage."""
+    proc = supervisor(workers=2, supervisor__dispatch="true", workflows__modules=MODULES, **QUIET)
+    database = sql.Identifier(env.conn.execute("SELECT current_database() AS d").fetchone()["d"])
+    # (A session may not shut its own database: the template one shuts ours.)
+    with (
+        cyclone.Client(env.dsn) as client,
+        connect(make_conninfo(env.dsn, dbname="template1")) as admin,
+    ):
+        client.wait(client.submit(flows.one, 0), timeout=WITHIN)  # parked from here on
+        try:
+            admin.execute(
+                sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(database)
+            )
+            env.conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'cyclone-dispatch'"
+            )
+            first = client.submit(flows.one, 1)  # its wake-up finds the session gone
+            wait_for(lambda: "cannot lease for the workers" in proc.log(), WITHIN, "own leases")
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(database))
+        assert client.result(first, timeout=WITHIN) == {"t": 1}
+        # Made ready while the workers are idle on their own, and notified to nobody: found
+        # once they ask the supervisor again, seconds later, not a minute.
+        assert client.result(client.submit(flows.one, 2), timeout=WITHIN) == {"t": 2}
+        # And woken by the notification again from then on.
+        assert client.result(client.submit(flows.one, 3), timeout=WITHIN) == {"t": 3}
