@@ -373,7 +373,7 @@ CREATE FUNCTION cyclone_token_kept(limiter text, step bigint) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM 1 FROM cyclone_rate_buckets b
-      WHERE b.name = limiter AND step = ANY (b.pending)
+      WHERE b.name = limiter AND (step = ANY (b.pending) OR step = ANY (b.fresh))
         FOR SHARE;
     RETURN FOUND;
 END
@@ -674,6 +674,8 @@ CREATE TABLE cyclone_rate_limits (
 -- A limiter's buckets: one, or one per key (`RateLimit(name, key=FIELD)`). `tokens` is the
 -- level at updated_at, counting the tokens of the `pending` steps (given one, not yet started)
 -- as not yet taken (migration 29); `next_at`: when the held_steps sweep should look again.
+-- `fresh`: pending steps given their token since the last look at `pending` (migration 32),
+-- kept apart so that the admissions in between do not write the long list again.
 CREATE TABLE cyclone_rate_buckets (
     name       text NOT NULL,
     key        text NOT NULL,
@@ -681,7 +683,8 @@ CREATE TABLE cyclone_rate_buckets (
     updated_at timestamptz NOT NULL,
     PRIMARY KEY (name, key),
     pending    bigint[] NOT NULL DEFAULT '{}',
-    next_at    timestamptz
+    next_at    timestamptz,
+    fresh      bigint[] NOT NULL DEFAULT '{}'
 );
 
 CREATE INDEX cyclone_rate_buckets_next_idx ON cyclone_rate_buckets (next_at)
@@ -713,8 +716,10 @@ DECLARE
     -- The longest from a lease to its handler's start: a lease taken ahead starts within
     -- READY_FOR (0.25 s, cyclone/supervisor/dispatch.py) of its statement, or goes back.
     slack CONSTANT interval := interval '300 milliseconds';
-    -- How often a bucket's pending steps are walked while it has tokens to spare (migration 32).
+    -- How often a bucket's pending steps are walked while it has tokens to spare, and how many
+    -- may be given meanwhile (migration 32): `fresh` stays short enough to be kept in its row.
     relook CONSTANT interval := interval '100 milliseconds';
+    fresh_most CONSTANT integer := 200;
     lim integer := lim_hint;
     free integer := batch;
     ready integer := 0;
@@ -872,17 +877,18 @@ BEGIN
                         -- A bucket walked less than `relook` ago that has tokens for its pending
                         -- steps and a whole batch more, even were none of them started, is not
                         -- walked again (migration 32): every step it meets gets a token now
-                        -- whatever the walk would find, and its pending steps stay pending, its
-                        -- level and time as they were, for the next walk to count. Walked at each
-                        -- admission, a busy bucket read every step leased in the last `slack`
-                        -- (1,500 at 5,000 steps/s) for each 20 or so steps a node limit admits.
+                        -- whatever the walk would find, its pending steps stay pending, its
+                        -- level and time as they were, for the next walk to count, and the steps
+                        -- given a token join `fresh`. Walked at each admission, a busy bucket read
+                        -- and wrote every step leased in the last `slack` (1,500 at 5,000 steps
+                        -- a second) for each 20 or so steps a node limit admits.
                         b_level[b] := least(b_burst[b], bucket.tokens
                             + extract(epoch FROM b_at[b] - bucket.updated_at) / b_secs[b]);
+                        b_pend[b] := cardinality(bucket.pending) + cardinality(bucket.fresh);
                         b_walked[b] := b_at[b] - bucket.updated_at >= relook
-                                       OR cardinality(bucket.pending) + batch > b_level[b];
-                        IF NOT b_walked[b] THEN
-                            b_pend[b] := cardinality(bucket.pending);  -- kept, new ones added
-                        ELSE
+                                       OR cardinality(bucket.fresh) >= fresh_most
+                                       OR b_pend[b] + batch > b_level[b];
+                        IF b_walked[b] THEN
                             -- The level, refilled to b_at through the starts of the steps pending
                             -- at the last admission, in the order they started. A leased step's
                             -- handler starts up to `slack` after its lease (a lease taken ahead
@@ -904,7 +910,7 @@ BEGIN
                                        least(greatest(coalesce(s.started_at + slack, b_at[b]),
                                                       bucket.updated_at), b_at[b]) AS started
                                   FROM cyclone_steps s
-                                 WHERE s.id = ANY (bucket.pending)
+                                 WHERE s.id = ANY (bucket.pending || bucket.fresh)
                                  ORDER BY 3, 1
                             LOOP
                                 seen := seen + 1;
@@ -921,7 +927,8 @@ BEGIN
                             -- Those gone (to the history) took theirs at b_at.
                             b_level[b] := least(b_burst[b], b_level[b]
                                                 + extract(epoch FROM b_at[b] - t) / b_secs[b])
-                                          - (cardinality(bucket.pending) - seen);
+                                          - (cardinality(bucket.pending)
+                                             + cardinality(bucket.fresh) - seen);
                         END IF;
                     END IF;
                 END IF;
@@ -959,9 +966,12 @@ BEGIN
                SET tokens = CASE WHEN b_walked[b] THEN b_level[b] ELSE tokens END,
                    updated_at = CASE WHEN b_walked[b] THEN b_at[b] ELSE updated_at END,
                    next_at = coalesce(next, next_at),
-                   pending = CASE WHEN b_walked[b] THEN '{}' ELSE pending END
-                             || ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
-                                       WHERE p_bucket[i] = b)
+                   pending = CASE WHEN b_walked[b] THEN ARRAY(
+                                  SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                   WHERE p_bucket[i] = b) ELSE pending END,
+                   fresh = CASE WHEN b_walked[b] THEN '{}' ELSE fresh || ARRAY(
+                                SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                 WHERE p_bucket[i] = b) END
              WHERE name = b_name[b] AND key = b_key[b];
             IF cyclone_epoch_ms(next) < pg_sequence_last_value('cyclone_wake_timer') THEN
                 PERFORM cyclone_wake_timer(next);  -- the scanner sleeps past it

@@ -260,7 +260,7 @@ SELECT workflow, node, max(node_limit) AS "limit",
 SELECT l.name, l.rate, l.per, l.burst, b.key,
        CASE WHEN b.key IS NOT NULL THEN least(l.burst, b.tokens + greatest(
             extract(epoch FROM now() - b.updated_at), 0) * l.rate / l.per)
-            - cardinality(b.pending) END AS tokens,
+            - cardinality(b.pending) - cardinality(b.fresh) END AS tokens,
        (SELECT count(*) FROM cyclone_steps s WHERE s.held AND s.rate_limit = l.name) AS held
   FROM cyclone_rate_limits l
   LEFT JOIN cyclone_rate_buckets b ON b.name = l.name

@@ -1,17 +1,32 @@
--- Version 32: a bucket with tokens to spare is walked at most every 100 ms.
+-- Version 32: a bucket with tokens to spare reads its pending steps at most every 100 ms, and
+-- the steps it gives tokens to in between are kept in a short list of their own.
 --
--- Each admission walked every step its bucket had promised a token and not yet counted as
--- started: a leased step counts as started 300 ms after its lease, so a bucket of 5,000 steps a
--- second read about 1,500 steps at every admission. Under a node limit of 64, an admission
--- gives about 20 steps, and the walk cost more than the rest of their admission together (the
--- limits-declared drain of bench/runtime.py --only flow ran at 0.73-0.79 of the same drain with
--- none, against 0.85-0.9 with the node limit alone).
+-- Each admission read every step its bucket had promised a token and not yet counted as
+-- started, and wrote the list again: a leased step counts as started 300 ms after its lease,
+-- so a bucket of 5,000 steps a second read and wrote about 1,500 ids at every admission. Under
+-- a node limit of 64, an admission gives about 20 steps, and that list cost more than the rest
+-- of their admission (bench/runtime.py --only flow --flows declared,node: all three limits
+-- declared ran at 0.64-0.72 of the drain with none, the node limit alone at 0.78-0.82).
 --
--- Now a bucket walked less than 100 ms ago that has tokens for its pending steps and for a whole
--- batch more, were none of them started yet, is not walked: its new steps are appended to its
--- pending list, and its level and time stay as they were for the next walk to count. The steps
--- it gives tokens to are the same as with a walk (each gets one at once), and nothing is counted
--- early or lost: a pending step stays pending until a walk counts it started.
+-- Now a bucket read less than 100 ms ago, with fewer than 200 steps given tokens since, that
+-- has tokens for its pending steps and for a whole batch more, were none of them started yet,
+-- is not read: the steps it gives tokens to join `fresh`, and its level, time and pending list
+-- stay as they were for the next read to count. Those steps get the same tokens a read would
+-- give them (each one at once), and nothing is counted early or lost: a pending step, in either
+-- list, stays pending until a read counts it started. A lease given back keeps its token while
+-- its id is in either list.
+
+ALTER TABLE cyclone_rate_buckets ADD COLUMN fresh bigint[] NOT NULL DEFAULT '{}';
+
+CREATE OR REPLACE FUNCTION cyclone_token_kept(limiter text, step bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM 1 FROM cyclone_rate_buckets b
+      WHERE b.name = limiter AND (step = ANY (b.pending) OR step = ANY (b.fresh))
+        FOR SHARE;
+    RETURN FOUND;
+END
+$$;
 
 CREATE OR REPLACE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz,
                                                lim_hint integer DEFAULT NULL,
@@ -25,8 +40,10 @@ DECLARE
     -- The longest from a lease to its handler's start: a lease taken ahead starts within
     -- READY_FOR (0.25 s, cyclone/supervisor/dispatch.py) of its statement, or goes back.
     slack CONSTANT interval := interval '300 milliseconds';
-    -- How often a bucket's pending steps are walked while it has tokens to spare (migration 32).
+    -- How often a bucket's pending steps are walked while it has tokens to spare, and how many
+    -- may be given meanwhile (migration 32): `fresh` stays short enough to be kept in its row.
     relook CONSTANT interval := interval '100 milliseconds';
+    fresh_most CONSTANT integer := 200;
     lim integer := lim_hint;
     free integer := batch;
     ready integer := 0;
@@ -184,17 +201,18 @@ BEGIN
                         -- A bucket walked less than `relook` ago that has tokens for its pending
                         -- steps and a whole batch more, even were none of them started, is not
                         -- walked again (migration 32): every step it meets gets a token now
-                        -- whatever the walk would find, and its pending steps stay pending, its
-                        -- level and time as they were, for the next walk to count. Walked at each
-                        -- admission, a busy bucket read every step leased in the last `slack`
-                        -- (1,500 at 5,000 steps/s) for each 20 or so steps a node limit admits.
+                        -- whatever the walk would find, its pending steps stay pending, its
+                        -- level and time as they were, for the next walk to count, and the steps
+                        -- given a token join `fresh`. Walked at each admission, a busy bucket read
+                        -- and wrote every step leased in the last `slack` (1,500 at 5,000 steps
+                        -- a second) for each 20 or so steps a node limit admits.
                         b_level[b] := least(b_burst[b], bucket.tokens
                             + extract(epoch FROM b_at[b] - bucket.updated_at) / b_secs[b]);
+                        b_pend[b] := cardinality(bucket.pending) + cardinality(bucket.fresh);
                         b_walked[b] := b_at[b] - bucket.updated_at >= relook
-                                       OR cardinality(bucket.pending) + batch > b_level[b];
-                        IF NOT b_walked[b] THEN
-                            b_pend[b] := cardinality(bucket.pending);  -- kept, new ones added
-                        ELSE
+                                       OR cardinality(bucket.fresh) >= fresh_most
+                                       OR b_pend[b] + batch > b_level[b];
+                        IF b_walked[b] THEN
                             -- The level, refilled to b_at through the starts of the steps pending
                             -- at the last admission, in the order they started. A leased step's
                             -- handler starts up to `slack` after its lease (a lease taken ahead
@@ -216,7 +234,7 @@ BEGIN
                                        least(greatest(coalesce(s.started_at + slack, b_at[b]),
                                                       bucket.updated_at), b_at[b]) AS started
                                   FROM cyclone_steps s
-                                 WHERE s.id = ANY (bucket.pending)
+                                 WHERE s.id = ANY (bucket.pending || bucket.fresh)
                                  ORDER BY 3, 1
                             LOOP
                                 seen := seen + 1;
@@ -233,7 +251,8 @@ BEGIN
                             -- Those gone (to the history) took theirs at b_at.
                             b_level[b] := least(b_burst[b], b_level[b]
                                                 + extract(epoch FROM b_at[b] - t) / b_secs[b])
-                                          - (cardinality(bucket.pending) - seen);
+                                          - (cardinality(bucket.pending)
+                                             + cardinality(bucket.fresh) - seen);
                         END IF;
                     END IF;
                 END IF;
@@ -271,9 +290,12 @@ BEGIN
                SET tokens = CASE WHEN b_walked[b] THEN b_level[b] ELSE tokens END,
                    updated_at = CASE WHEN b_walked[b] THEN b_at[b] ELSE updated_at END,
                    next_at = coalesce(next, next_at),
-                   pending = CASE WHEN b_walked[b] THEN '{}' ELSE pending END
-                             || ARRAY(SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
-                                       WHERE p_bucket[i] = b)
+                   pending = CASE WHEN b_walked[b] THEN ARRAY(
+                                  SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                   WHERE p_bucket[i] = b) ELSE pending END,
+                   fresh = CASE WHEN b_walked[b] THEN '{}' ELSE fresh || ARRAY(
+                                SELECT p_id[i] FROM generate_subscripts(p_id, 1) AS i
+                                 WHERE p_bucket[i] = b) END
              WHERE name = b_name[b] AND key = b_key[b];
             IF cyclone_epoch_ms(next) < pg_sequence_last_value('cyclone_wake_timer') THEN
                 PERFORM cyclone_wake_timer(next);  -- the scanner sleeps past it
