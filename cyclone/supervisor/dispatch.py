@@ -829,10 +829,17 @@ class Dispatcher:
         if isinstance(exc, psycopg.OperationalError):
             self.own(exc, batch)
         else:
-            # This batch alone (a deadlock, say): its workers record their steps themselves.
+            # This batch alone (a deadlock, say): its workers record their steps themselves. A
+            # parked worker (it had nothing to record) stays parked, looked for again when a
+            # step is made ready or at the poll: answered with nothing, it slept a poll interval
+            # and no wake-up reached it meanwhile.
             log.warning("a dispatch statement failed; its workers record on their own: %s", exc)
-            for handle, _ in batch:
-                if arbiter.children.get(handle.pid) is handle:
+            for handle, want in batch:
+                if arbiter.children.get(handle.pid) is not handle:
+                    continue
+                if want.park and want.finished is None and not arbiter.draining:
+                    self.park(handle, want)
+                else:
                     send_line(handle.fd, _SELF)
 
     def own(self, exc: Exception, batch: Batch) -> None:

@@ -6,11 +6,13 @@ failed goes with the next statement TAKEN_TRIES times at most (then its lease ex
 from __future__ import annotations
 
 import logging
+import socket
 from types import SimpleNamespace
 
 import psycopg
 import pytest
 
+from cyclone.child import channel
 from cyclone.supervisor import dispatch
 from cyclone.supervisor.dispatch import (
     READY_FOR,
@@ -90,3 +92,32 @@ def test_a_statement_that_failed_keeps_every_finished_task_with_tries_left() -> 
     session = SimpleNamespace(batch=[], releasing=[], arming=False, taken=[fresh, last], ahead=[])
     d.failed(session, psycopg.errors.DeadlockDetected("deadlock"), Arbiter())
     assert d.taken == [fresh, later] and fresh.tries == 1
+
+
+def test_a_parked_worker_whose_look_failed_stays_parked_and_the_others_record_on_their_own():
+    """A statement that failed, its session still up (its answer unreadable, say), tells the
+    workers whose tasks it carried to record them on their own (`given {"recorded":null}`). A
+    parked worker, which carried none, is kept parked: told the same, it took it for "no step"
+    and slept its poll interval, deaf to the wake-ups meanwhile. With no notification on the
+    way, it is armed for one."""
+    d = Dispatcher("dbname=unused", workflows=lambda: (), lease_ttl=30.0, listening=lambda: True)
+    pairs = [socket.socketpair() for _ in range(2)]
+    for ours, _ in pairs:
+        ours.setblocking(False)
+    parked = SimpleNamespace(pid=1, fd=pairs[0][0].fileno(), queued=[])
+    busy = SimpleNamespace(pid=2, fd=pairs[1][0].fileno(), queued=[])
+    arbiter = SimpleNamespace(children={1: parked, 2: busy}, draining=False, generation=0)
+    look = channel.Want(lease=True, park=True)
+    done = channel.Want(lease=True, finished={"step_id": 7, "token": "t"})
+    session = SimpleNamespace(
+        batch=[(parked, look), (busy, done)], releasing=[], arming=False, taken=[], ahead=[]
+    )
+    d.failed(session, psycopg.DatabaseError("the dispatch statement returned nothing"), arbiter)
+    assert d.parked == [(parked, look)] and d.arm
+    assert pairs[1][1].recv(100) == b'given {"recorded":null}\n'
+    pairs[0][1].setblocking(False)
+    with pytest.raises(BlockingIOError):
+        pairs[0][1].recv(100)  # nothing for the parked one
+    for ours, theirs in pairs:
+        ours.close()
+        theirs.close()
