@@ -214,7 +214,7 @@ BEGIN
                                        OR b_pend[b] + batch > b_level[b];
                         IF b_walked[b] THEN
                             -- The level, refilled to b_at through the starts of the steps pending
-                            -- at the last admission, in the order they started. A leased step's
+                            -- (in either list), in the order they started. A leased step's
                             -- handler starts up to `slack` after its lease (a lease taken ahead
                             -- waits in its worker's queue: READY_FOR), so a step counts as started
                             -- then, and until then keeps its token, as one still waiting does. One
