@@ -9,18 +9,14 @@ every check here times out.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import proc_wake_flows as flows
 import pytest
 from proc_helpers import wait_for
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
 import cyclone
-from cyclone.db import connect
 from cyclone.engine.dlq import retry_dead_step
 from cyclone.testing import TestEnv
 
@@ -123,43 +119,3 @@ def test_timers_fire_on_time_between_the_scanners_passes(
     assert {r["run_id"]: r["error_kind"] for r in kinds} == {
         max_wait: "max_wait", deadline: "deadline"
     }
-
-
-def test_steps_made_ready_while_the_dispatchers_sessions_fail_start_within_seconds(
-    supervisor, private_server
-) -> None:
-    """The dispatcher's sessions ended and no new one could be opened for a moment: steps made
-    ready meanwhile and after start within seconds, not at the workers' next poll (a minute
-    here). The rules under it are tested on their own: tests/unit/test_worker_idle_wait.py and
-    test_dispatch_rules.py (which of the two paths a run takes is a matter of timing). A server
-    of its own: its database is shut to new sessions for a moment."""
-    with (
-        TestEnv(dsn=private_server.get_uri()) as env,
-        connect(make_conninfo(env.dsn, dbname="template1")) as admin,  # may shut env's
-    ):
-        modules, settings = MODULES, {"supervisor__dispatch": "true", **QUIET}
-        proc = supervisor(workers=2, dsn=env.dsn, workflows__modules=modules, **settings)
-        name = env.conn.execute("SELECT current_database() AS d").fetchone()["d"]
-        shut = sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}")
-        client = env.client
-        client.wait(client.submit(flows.one, 0), timeout=WITHIN)  # parked from here on
-        try:
-            admin.execute(shut.format(sql.Identifier(name), sql.SQL("false")))
-            env.conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'cyclone-dispatch'"
-            )
-            first = client.submit(flows.one, 1)  # its wake-up finds the session gone
-            # Its statement fails (the batch's workers then record on their own), or its new
-            # session does (all its workers lease on their own for OWN_FOR): either way, a
-            # parked worker was answered with nothing, and it slept the poll interval.
-            failed = re.compile("a dispatch statement failed|cannot lease for the workers")
-            wait_for(lambda: failed.search(proc.log()), WITHIN, "a failed dispatch")
-        finally:
-            admin.execute(shut.format(sql.Identifier(name), sql.SQL("true")))
-        assert client.result(first, timeout=WITHIN) == {"t": 1}
-        # Made ready while the workers may still be idle on their own, notified to nobody:
-        # found once they ask the supervisor again, seconds later, not a minute.
-        assert client.result(client.submit(flows.one, 2), timeout=WITHIN) == {"t": 2}
-        # And woken by the notification again from then on.
-        assert client.result(client.submit(flows.one, 3), timeout=WITHIN) == {"t": 3}
