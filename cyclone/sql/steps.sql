@@ -239,7 +239,8 @@ finished AS (
       FROM done, run
      WHERE r.id = ANY (%(last_runs)s::uuid[])
        AND done.last AND r.id = done.run_id AND run.id = done.run_id
-       AND run.state IN ('running', 'paused')  -- as its lock read it: see step_complete_last
+       -- The run's state as its lock read it: see step_complete_last.
+       AND run.state IN ('running', 'paused')
 ), numbered AS (
     SELECT candidate.*, row_number() OVER () AS n FROM candidate
 ), leased AS (
@@ -254,7 +255,7 @@ finished AS (
        AND CASE WHEN numbered.id IS NOT NULL THEN (SELECT count(*) FROM done) >= 0
                 ELSE false END
  RETURNING w.n AS worker, s.id, numbered.available_at, numbered.priority, numbered.pass,
-           s.run_id, s.workflow, s.node,
+           s.run_id, s.workflow, s.node, s.node_limit,
            s.kind, s.item_index, s.item, s.attempt, s.max_attempts, s.lease_token,
            numbered.input, numbered.deadline_at, numbered.graph_hash, numbered.parent_run_id,
            extract(epoch FROM least(s.timeout, numbered.deadline_at

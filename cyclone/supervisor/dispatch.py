@@ -117,16 +117,19 @@ READY_SHARE = 0.05
 # Leases queued in each worker's name, at most. A worker that finds none waits for a whole
 # statement: with 1, 2, 3 and 4 of them held ready, 4 workers with no-op steps found one for
 # 50%, 70%, 84% and 93% of their steps (bench/README.md, "The supervisor leases for its
-# workers"); queued in the worker, a lease no longer waits for the supervisor's wake-up. 8
-# rather than 6 (with TAKEN_LINGER 1 ms, not 4) keep a worker busy through more of its
-# supervisor's statements: no-op drains 35-45% faster, 0.9-1.0 of the one-statement loop
-# where they were 0.6-0.7 (bench/README.md, "Eight leases ahead"). Not more: leases queued
-# count against a node's `concurrency`, and with 12 a limit of 64 over 4 workers was nearly
-# all leased, so that every end admitted one step, and such a drain fell to half of its
-# unlimited one. Fewer for longer steps: a queue holds at most half of READY_FOR of work at
-# the average step's length (AHEAD_FOR), so that its last lease is not given back for
-# waiting.
-AHEAD = 8
+# workers"); queued in the worker, a lease no longer waits for the supervisor's wake-up. 12
+# (with TAKEN_LINGER 1 ms) keep a worker busy through more of its supervisor's statements:
+# no-op drains about 15% faster than with 8 (bench/README.md, "Twelve leases ahead"). Fewer for
+# longer steps: a queue holds at most half of READY_FOR of work at the average step's length
+# (AHEAD_FOR), so that its last lease is not given back for waiting. And fewer for a node with
+# a `concurrency` limit (LIMITED_SHARE).
+AHEAD = 12
+# Leases queued count against a node's `concurrency`: with 12 ahead, 4 workers held 52 of a
+# limit of 64 in leases, fewer than 16 steps stayed available, every end admitted one step
+# (cyclone_steps_free_slot, migration 30), and such a drain fell to half of its unlimited one.
+# While the steps leased are of such a node, the VM's workers hold at most this share of its
+# limit in leases queued (at least one each): 8 each for 4 workers under 64, as before 12.
+LIMITED_SHARE = 0.5
 AHEAD_FOR = READY_FOR / 2
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.
@@ -372,6 +375,9 @@ class Dispatcher:
         self.expiry = math.inf  # the soonest `until` of a queued lease (see expire)
         self.taken: list[Taken] = []
         self.duration = READY_BELOW  # the average step length workers report: none yet
+        # The smallest `concurrency` of the nodes the last leases were steps of (None: none of
+        # them was limited): it caps how many are leased ahead (see LIMITED_SHARE).
+        self.node_limit: int | None = None
 
     def next_at(self) -> float | None:
         """When the `want`s waiting for others must be sent, or the parked looked for again
@@ -568,6 +574,8 @@ class Dispatcher:
         if self.duration >= READY_BELOW or arbiter.draining:
             return []
         depth = min(AHEAD, max(1, int(AHEAD_FOR / self.duration))) if self.duration else AHEAD
+        if self.node_limit is not None:
+            depth = min(depth, limited_depth(self.node_limit, len(arbiter.children)))
         asked = Counter(id(h) for session in self.sessions for h in session.ahead)
         serving = {id(h) for h in leasing}
         # A worker whose step has run this long already is not about to ask.
@@ -738,6 +746,9 @@ class Dispatcher:
             self.failed(session, DispatchUnreadable(f"{type(exc).__name__}: {exc}"), arbiter)
             return
         self.observe(len(result.leases))
+        if result.leases:
+            limits = [r.get("node_limit") for r in result.leases.values()]
+            self.node_limit = min((n for n in limits if n is not None), default=None)
         self.answer(result, batch, leasing, sent, session, arbiter)
         for taken_one in taken:
             step_id = taken_one.finished["step_id"]
@@ -848,6 +859,13 @@ class Dispatcher:
         self.own_until = time.monotonic() + OWN_FOR
         for handle, _ in batch:
             send_line(handle.fd, _OWN)
+
+
+def limited_depth(node_limit: int, workers: int) -> int:
+    """How many leases may be queued for each of `workers` workers when the steps leased are
+    of a node limited to `node_limit` at once: LIMITED_SHARE of it over them all, and at least
+    one each."""
+    return max(1, int(node_limit * LIMITED_SHARE) // max(workers, 1))
 
 
 def leased(row: dict[str, Any], sent: float) -> channel.Leased:
