@@ -3,7 +3,7 @@
     python bench/runtime.py [--steps 20000] [--workers 4,8] [--reps 3] [--kills 50]
                             [--memory 1000,10000] [--respawns 1000,10000]
                             [--only throughput,kills,memory,respawns,cpu,flow,fair]
-                            [--flows declared,keyed,node,rate,key] [--strip]
+                            [--flows declared,keyed,node,rate,key,wide] [--strip]
                             [--dispatch true|false|true,false] [--baseline two|one]
                             [--dsn DSN]
 
@@ -24,7 +24,8 @@
 * flow (only when asked for): 1-step drains with flow control beside the same drain with no
   limits, in one run: limits declared but never binding, and Concurrency(limit=1) over 100
   keys (docs/flow-control.md); the ratio is to the no-limit drain of the same rep. `--flows`
-  picks the drains: by default those two; node, rate and key are each declared limit alone.
+  picks the drains: by default those two; node, rate and key are each declared limit alone;
+  wide is declared with a node limit of 256 rather than 64.
 * fair (only when asked for): a backlog of --steps runs of one key drains; a second in, one
   run of another key is submitted: how long it waited and how many steps went first.
 * cpu (only when asked for): where a step's CPU goes, in microseconds a step, for one drain of
@@ -89,6 +90,14 @@ bench_declared = cyclone.Workflow(
     "bench_declared", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
 )
 bench_declared.task(engine._noop, name="s1", concurrency=64, rate_limit="bench-unbound")
+# The same with a node limit of 256 (--flows wide): with twelve leases queued a worker, 4
+# workers hold up to 52 leases and ask for about as many in each statement, so a limit of 64
+# binds the pool of steps they lease from (statements find fewer steps than they ask for while
+# held ones wait), where 256 does not.
+bench_wide = cyclone.Workflow(
+    "bench_wide", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
+)
+bench_wide.task(engine._noop, name="s1", concurrency=256, rate_limit="bench-unbound")
 bench_keyed = cyclone.Workflow("bench_keyed", concurrency=cyclone.Concurrency(key="k", limit=1))
 bench_keyed.task(engine._noop, name="s1")
 # Each of the declared limits alone (--flows node,rate,key): what each costs.
@@ -99,7 +108,7 @@ bench_rate.task(engine._noop, name="s1", rate_limit="bench-unbound")
 bench_key = cyclone.Workflow("bench_key", concurrency=cyclone.Concurrency(key="k", limit=1_000_000))
 bench_key.task(engine._noop, name="s1")
 FLOWS = {
-    "none": bench_1step, "declared": bench_declared, "keyed": bench_keyed,
+    "none": bench_1step, "declared": bench_declared, "keyed": bench_keyed, "wide": bench_wide,
     "node": bench_node, "rate": bench_rate, "key": bench_key,
 }  # fmt: skip
 # --only fair: a backlog of one key, and a run of another key submitted while it drains.
@@ -565,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--flows", default="declared,keyed",
-        help="flow: the drains beside the one with no limits (declared, keyed, node, rate, key)",
+        help="flow: the drains beside the one with no limits"
+             " (declared, keyed, node, rate, key, wide)",
     )  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
@@ -611,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nFlow control, {args.steps} no-op 1-step runs per drain, submitted through"
               f" the API ({FLOW_KEYS} keys): declared = limits that never bind, keyed ="
               " Concurrency(limit=1) per key; node, rate, key = each declared limit"
-              " alone")  # fmt: skip
+              " alone; wide = declared with a node limit of 256")  # fmt: skip
         flow_reps(base, args.steps, [int(n) for n in args.workers.split(",")], args.reps, flows)
     if "fair" in only:
         print(f"\nFairness: {args.steps} runs of one key draining, then one run of another "
