@@ -2,11 +2,11 @@
 
     python bench/admission.py [--steps 30] [--calls 40] [--dsn DSN]
 
-Each call admits `--steps` held steps of a node limited to as many at once, in a transaction
-rolled back after it, so every call finds the same rows; the median of `--calls` calls:
+Each call admits the `--steps` held steps of a rate-limited node, in a transaction rolled back
+after it, so every call finds the same rows; the median of `--calls` calls (a node's
+`concurrency` holds no step since migration 33: its steps wait for a slot available):
 
-* node: the node limit alone;
-* read / unread, pending=N: the same node with an unbound rate limit, its bucket promising a
+* read / unread, pending=N: a node with an unbound rate limit, its bucket promising a
   token to N steps still waiting to start. `read`: the bucket was last read a second ago, so
   the admission reads its pending list and writes it back (every admission did, before
   migration 32); `unread`: it was read just now, so the admission leaves the list alone and
@@ -41,26 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
-    node = cyclone.Workflow("adm-node")
-    node.task(_noop, name="s1", concurrency=args.steps)
     rated = cyclone.Workflow("adm-rated")
-    rated.task(_noop, name="s1", concurrency=args.steps, rate_limit="adm-unbound")
+    rated.task(_noop, name="s1", rate_limit="adm-unbound")
     waiting = cyclone.Workflow("adm-waiting")  # the pending steps: available, never leased
     waiting.task(_noop, name="s1")
     with TestEnv(dsn=args.dsn or server_dsn()) as env:
-        env.register(node, rated, waiting)
+        env.register(rated, waiting)
         env.client.set_rate_limit("adm-unbound", rate=1e9, per=1.0, burst=1e9)
         conn = env.conn
-        for wf in (node, rated):
-            env.client.submit_many(wf, [None] * (args.steps * 10))
-            # Held again, as a backlog behind a full node is (no trigger: nothing admits).
-            with conn.transaction():
-                conn.execute("SET LOCAL session_replication_role = replica")
-                conn.execute(
-                    "UPDATE cyclone_steps SET state = 'waiting', held = true, refill = 0"
-                    " WHERE workflow = %s AND state = 'available'",
-                    (wf.name,),
-                )
+        env.client.submit_many(rated, [None] * args.steps)
+        # Held again, as steps short of a token are (no trigger: nothing admits).
+        with conn.transaction():
+            conn.execute("SET LOCAL session_replication_role = replica")
+            conn.execute(
+                "UPDATE cyclone_steps SET state = 'waiting', held = true"
+                " WHERE workflow = %s AND state = 'available'",
+                (rated.name,),
+            )
         env.client.submit_many(waiting, [None] * max(PENDING))
         ids = [
             r["id"] for r in conn.execute(
@@ -68,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             ).fetchall()
         ]  # fmt: skip
         conn.execute("VACUUM ANALYZE cyclone_steps")
-        cases = [("node", node, None, None)] + [
+        cases = [
             (f"{mode} pending={n}", rated, n, age)
             for n in PENDING for mode, age in (("read", "1 second"), ("unread", "0"))
         ]  # fmt: skip
@@ -86,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                             )
                         start = time.perf_counter()
                         admitted = c.execute(
-                            "SELECT cyclone_admit_steps(%s, 's1', now(), %s) AS n",
-                            (wf.name, args.steps),
+                            "SELECT cyclone_admit_steps(%s, 's1', now()) AS n", (wf.name,),
                         ).fetchone()["n"]
                         times.append(time.perf_counter() - start)
                 median = statistics.median(times)

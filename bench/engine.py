@@ -505,13 +505,14 @@ def show_plans(env: TestEnv, shape: int) -> None:
     print("  " + custom.replace("\n", "\n  "))
     for name, plan in (("custom", custom), ("generic", generic)):
         # The candidate scan is cyclone_lease_candidate, whose settings pin its plan (migration
-        # 7; tests/db/test_plans.py checks what it reads).
-        assert "cyclone_lease_candidate" in plan, f"{name} lease plan skips the function:\n{plan}"
+        # 7; tests/db/test_plans.py checks what it reads), through cyclone_lease_pick_one
+        # (migration 33).
+        assert "cyclone_lease_pick_one" in plan, f"{name} lease plan skips the function:\n{plan}"
     rows = env.conn.execute("EXPLAIN " + BL_LEASE, ("explain",)).fetchall()
     plan = "\n".join(r["QUERY PLAN"] for r in rows)
     assert "bl_steps_available_idx" in plan, f"baseline lease plan skips its index:\n{plan}"
     print(
-        "Both the custom and the generic engine lease plans scan through cyclone_lease_candidate"
+        "Both the custom and the generic engine lease plans scan through cyclone_lease_pick_one"
         " (its plan pinned), the baseline's through its partial index.\n"
     )
 

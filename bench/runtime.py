@@ -90,10 +90,9 @@ bench_declared = cyclone.Workflow(
     "bench_declared", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
 )
 bench_declared.task(engine._noop, name="s1", concurrency=64, rate_limit="bench-unbound")
-# The same with a node limit of 256 (--flows wide): with twelve leases queued a worker, 4
-# workers hold up to 52 leases and ask for about as many in each statement, so a limit of 64
-# binds the pool of steps they lease from (statements find fewer steps than they ask for while
-# held ones wait), where 256 does not.
+# The same with a node limit of 256 (--flows wide). Until migration 33 the steps made available
+# for the workers held slots too, and with twelve leases queued a worker a limit of 64 bound
+# that pool where 256 did not; now a slot is held by a lease alone, and both drain alike.
 bench_wide = cyclone.Workflow(
     "bench_wide", concurrency=cyclone.Concurrency(key="k", limit=1_000_000)
 )

@@ -1,4 +1,4 @@
-"""What a submit of held steps costs: submit_many into a node limited by concurrency, with the
+"""What a submit of held steps costs: submit_many into a rate-limited node, with the
 insert trigger of migration 28 (one admission per node and statement) beside the one before it
 (an admission for every row), in one run.
 
@@ -6,7 +6,8 @@ insert trigger of migration 28 (one admission per node and statement) beside the
     python bench/submit_held.py --reps 3 --batch 500 --batches 20
 
 Each rep makes a fresh schema, submits `--batches` batches of `--batch` runs of a 1-step
-workflow whose node is limited to 64 (so the first 64 are admitted and the rest held), through
+workflow whose node's bucket holds 64 tokens and refills one an hour (so the first 64 are
+admitted and the rest held), through
 the public API, and times the submits (this host's clock); then the same with the previous
 trigger function put back in that schema. The two alternate which goes first. It prints runs
 a second submitted and the ratio; it asserts nothing.
@@ -24,7 +25,7 @@ from cyclone.testing import TestEnv, server_dsn
 limited = cyclone.Workflow("bench-submit-held")
 
 
-@limited.task(concurrency=64)
+@limited.task(rate_limit="bench-submit-held")
 def step(ctx: cyclone.StepContext) -> None:
     return None
 
@@ -35,7 +36,7 @@ CREATE OR REPLACE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsq
 DECLARE
     admitted integer;
 BEGIN
-    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now());
     RETURN NULL;
 END
 $$;
@@ -44,6 +45,7 @@ $$;
 
 def submit_rate(dsn: str, per_row: bool, batch: int, batches: int) -> float:
     with TestEnv(workflows=[limited], dsn=dsn) as env:
+        env.client.set_rate_limit("bench-submit-held", rate=1, per=3600.0, burst=64)
         if per_row:
             env.conn.execute(PER_ROW)
         with cyclone.Client(env.dsn) as client:

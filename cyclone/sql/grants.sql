@@ -15,6 +15,9 @@ GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_steps,
 -- Flow control (migration 14): queues' fair clocks, rate limits and their buckets.
 GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_queues, {schema}.cyclone_rate_limits,
       {schema}.cyclone_rate_buckets TO {runtime};
+-- Nodes' concurrency slots (migration 33): made as graphs register, claimed and let go by leases.
+GRANT SELECT, INSERT, UPDATE ON {schema}.cyclone_limited_nodes, {schema}.cyclone_node_slots
+      TO {runtime};
 -- Schedules (migration 19): the sweep ticks them, clients and the CLI manage them.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {schema}.cyclone_schedules TO {runtime};
 -- Waking (migration 22): supervisors set the flag, writers of ready steps clear it (setval).

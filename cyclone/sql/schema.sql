@@ -219,18 +219,17 @@ CREATE TABLE cyclone_steps (
     -- Its run's priority and its fair pass (migration 14): the lease order.
     priority         smallint NOT NULL DEFAULT 3,
     pass             bigint NOT NULL DEFAULT 0,
-    -- Its node's limits: at most node_limit of its steps available or running at once, and a
-    -- token of limiter rate_limit per attempt; `held` while it waits for them (state
-    -- `waiting`: see cyclone_admit_steps).
+    -- Its node's limits: at most node_limit of its steps hold a lease at once (a slot each:
+    -- cyclone_node_slots, migration 33), and a token of limiter rate_limit per attempt; `held`
+    -- while it waits for a token (state `waiting`: see cyclone_admit_steps).
     node_limit       integer,
     rate_limit       text,
     held             boolean NOT NULL DEFAULT false,
     -- Parked by the `unserved` sweep (state `waiting`): its run's graph is served by no live
     -- supervisor, and it waits out of the lease index until one serves it (migration 16).
     parked           boolean NOT NULL DEFAULT false,
-    -- Of a node limited to more than 16 at once: 1, its lease admits the node's next steps; 2,
-    -- its end does (cyclone_admit_steps, migration 30). 0 for every other step.
-    refill           smallint NOT NULL DEFAULT 0
+    -- The slot of its node its lease holds (cyclone_node_slots, migration 33), while running.
+    slot             integer
 );
 
 -- One step per node instance: advancing a run twice cannot create a node twice. Its leading
@@ -243,9 +242,10 @@ CREATE INDEX cyclone_steps_available_idx ON cyclone_steps (available_at, id)
     WHERE state = 'available';
 -- Lease candidates, in the order they are leased (see cyclone_lease_candidate). available_at
 -- is the last key column so that steps not yet due (a retry in its backoff) are passed over
--- inside the index, without a visit to the table.
+-- inside the index, without a visit to the table. Steps of a node limited by concurrency wait
+-- in an index of their own (cyclone_steps_limited_ready_idx, migration 33).
 CREATE INDEX cyclone_steps_ready_idx ON cyclone_steps (priority, pass, id, available_at)
-    WHERE state = 'available';
+    WHERE state = 'available' AND node_limit IS NULL;
 -- Parked steps, by run (the `unserved` sweep makes them available again).
 CREATE INDEX cyclone_steps_parked_idx ON cyclone_steps (run_id) WHERE parked AND state = 'waiting';
 -- Sleep wake-ups and max_wait expiry.
@@ -385,21 +385,19 @@ BEGIN
     -- with its size: so each step starts with a small test that the hot path fails (a lease and
     -- a completion make no step available or waiting), and the larger ones sit behind it.
     IF NEW.state = 'available' OR NEW.state = 'waiting' THEN
-        -- A step of a limited node made available waits, held, until admitted: a new one, and
-        -- one made available again other than by a planned stop giving it back (a retry of a
-        -- rate-limited step takes a token per attempt; a DLQ retry takes a slot anew). A retry
-        -- of a node limited by concurrency only keeps its slot. A rate-limited step given back
-        -- (its attempt not spent) keeps its token only while its bucket still counts it as not
-        -- started (migration 31): a handler that started spent it (the statement that stops
-        -- one sets `held`), and so did a lease the bucket already counted as started.
-        IF NEW.node_limit IS NOT NULL OR NEW.rate_limit IS NOT NULL THEN
+        -- A rate-limited step made available waits, held, until admitted with a token: a new
+        -- one, and one made available again other than by a planned stop giving it back (a
+        -- retry takes a token per attempt). A step given back (its attempt not spent) keeps
+        -- its token only while its bucket still counts it as not started (migration 31): a
+        -- handler that started spent it (the statement that stops one sets `held`), and so did
+        -- a lease the bucket already counted as started. (A node's `concurrency` holds no
+        -- step back: its steps wait for a slot as available ones, migration 33.)
+        IF NEW.rate_limit IS NOT NULL THEN
             IF NEW.state = 'available'
                AND (TG_OP = 'INSERT'
                     OR (OLD.state <> 'available' AND NOT OLD.held
-                        AND (OLD.state <> 'running'
-                             OR (NEW.rate_limit IS NOT NULL
-                                 AND (NEW.attempt >= OLD.attempt OR NEW.held
-                                      OR NOT cyclone_token_kept(NEW.rate_limit, NEW.id))))))
+                        AND (OLD.state <> 'running' OR NEW.attempt >= OLD.attempt OR NEW.held
+                             OR NOT cyclone_token_kept(NEW.rate_limit, NEW.id))))
             THEN
                 NEW.state := 'waiting';
                 NEW.held := true;
@@ -440,11 +438,51 @@ BEGIN
                 PERFORM cyclone_wake_timer(NEW.due_at);
             END IF;
         END IF;
+    ELSIF NEW.state = 'running' THEN
+        -- A lease of a step of a limited node claims a free slot of the node (migration 33),
+        -- skipping those another transaction holds, or is not taken: the row is left as it
+        -- was, and the leasing statement's RETURNING leaves it out.
+        -- The walk starts at the step's own place among the slots (its id, modulo the limit),
+        -- and wraps: steps are leased about in id order and freed about in the order leased,
+        -- so it finds one free at once, where a walk from the first slot passed every slot in use.
+        -- (steps_dispatch's leases come with the slots cyclone_lease_pick claimed for them.)
+        IF NEW.node_limit IS NOT NULL AND OLD.state <> 'running' AND NEW.slot IS NULL THEN
+            UPDATE cyclone_node_slots sl SET step_id = NEW.id
+             WHERE (sl.workflow, sl.node, sl.slot)
+                   = (SELECT f.workflow, f.node, f.slot FROM cyclone_node_slots f
+                       WHERE f.workflow = NEW.workflow AND f.node = NEW.node
+                         AND f.step_id IS NULL AND f.slot <= NEW.node_limit
+                         AND f.slot > NEW.id % NEW.node_limit
+                       ORDER BY f.slot LIMIT 1
+                         FOR UPDATE SKIP LOCKED)
+            RETURNING sl.slot INTO NEW.slot;
+            IF NOT FOUND THEN
+                UPDATE cyclone_node_slots sl SET step_id = NEW.id
+                 WHERE (sl.workflow, sl.node, sl.slot)
+                       = (SELECT f.workflow, f.node, f.slot FROM cyclone_node_slots f
+                           WHERE f.workflow = NEW.workflow AND f.node = NEW.node
+                             AND f.step_id IS NULL AND f.slot <= NEW.id % NEW.node_limit
+                           ORDER BY f.slot LIMIT 1
+                             FOR UPDATE SKIP LOCKED)
+                RETURNING sl.slot INTO NEW.slot;
+                IF NOT FOUND THEN
+                    RETURN NULL;
+                END IF;
+            END IF;
+        END IF;
     ELSIF NEW.held THEN
         -- A held step that ends unadmitted (its run cancelled or failed, a deadline) waits for
         -- nothing any more: admission would make it available again, ended, and a DLQ retry
         -- would skip the hold.
         NEW.held := false;
+    END IF;
+    -- A lease that ends (the step completed, failed, expired, given back, cancelled) lets its
+    -- slot go in the same statement.
+    IF NEW.slot IS NOT NULL AND NEW.state <> 'running' THEN
+        UPDATE cyclone_node_slots SET step_id = NULL
+         WHERE workflow = OLD.workflow AND node = OLD.node AND slot = OLD.slot
+           AND step_id = OLD.id;
+        NEW.slot := NULL;
     END IF;
     IF ((NEW.lease_token IS NOT NULL) <> (NEW.state = 'running')
         OR (NEW.lease_expires_at IS NOT NULL) <> (NEW.state = 'running')
@@ -647,19 +685,31 @@ CREATE TRIGGER cyclone_runs_slot_freed AFTER UPDATE OF state ON cyclone_runs
     EXECUTE FUNCTION cyclone_runs_free_slot();
 
 ------------------------------------------------------------------------------------------------
--- Steps of limited nodes: `concurrency=N` on a node (at most N of its steps available or
--- running at once, across every VM) and `rate_limit` (one token of a bucket per attempt). Such
--- a step is made `waiting` with `held` set, out of the lease index, so that no lease walks
--- over it; cyclone_admit_steps makes it available when a slot and a token are free. A token
--- not yet refilled is given ahead of time: the step becomes available at the moment its token
--- refills (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next
--- ones. A bucket promises tokens to at most `burst` steps not yet started, and counts each
--- token taken when its step started (migration 29): steps held back by a stall of the leases
--- cannot all start at once when they resume. Admission runs when a step is made, when a
--- limited step stops holding its slot, and in
--- that sweep; it takes the node's advisory lock without waiting (a transaction that holds it
--- admits; one that does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED,
--- so no admission ever waits for another: nothing here can deadlock the statements that fire it.
+-- Steps of limited nodes: `concurrency=N` on a node (at most N of its steps hold a lease at
+-- once, across every VM) and `rate_limit` (one token of a bucket per attempt).
+--
+-- Concurrency (migration 33) is held by slots: a node has N slot rows, a lease of one of its
+-- steps claims a free one (the rules' trigger, in the statement that leases: a step that finds
+-- none is not leased) and the end of that lease lets it go, in the statement that ends it. Its
+-- steps wait for a slot as available ones, in an index of their own
+-- (cyclone_steps_limited_ready_idx), out of the one the other leases walk, and the lease reads
+-- a node only while the node has a free slot (cyclone_lease_pick): a full node's backlog is
+-- walked by nobody, and a node whose limit never binds costs its steps a slot's claim and
+-- release, nothing more. A claim takes a free slot with SKIP LOCKED and never waits. A release
+-- may wait for a statement that locked its slot while reading it as free (its snapshot older
+-- than the claim), which never waits for the releaser in turn: that statement began before the
+-- step was leased, so it is not the one that ends the lease.
+--
+-- Rate: a step is made `waiting` with `held` set, out of the lease indexes, so that no lease
+-- walks over it; cyclone_admit_steps makes it available when a token is free. A token not yet
+-- refilled is given ahead of time: the step becomes available at the moment its token refills
+-- (available_at), at most RATE_HORIZON ahead, and the held_steps sweep gives the next ones. A
+-- bucket promises tokens to at most `burst` steps not yet started, and counts each token taken
+-- when its step started (migration 29): steps held back by a stall of the leases cannot all
+-- start at once when they resume. Admission runs when a step is made and in that sweep; it
+-- takes the node's advisory lock without waiting (a transaction that holds it admits; one that
+-- does not leaves the rest to the sweep), and bucket rows with SKIP LOCKED, so no admission
+-- ever waits for another: nothing here can deadlock the statements that fire it.
 ------------------------------------------------------------------------------------------------
 
 -- A limiter: `rate` tokens every `per` seconds, at most `burst` saved up (client.set_rate_limit).
@@ -690,10 +740,11 @@ CREATE TABLE cyclone_rate_buckets (
 CREATE INDEX cyclone_rate_buckets_next_idx ON cyclone_rate_buckets (next_at)
     WHERE next_at IS NOT NULL;
 
--- Steps of a limited node that hold a slot, by state (counted: the available ones first, up
--- to 16, in pass order; migration 25), and held steps in the order admitted.
-CREATE INDEX cyclone_steps_limited_idx ON cyclone_steps (workflow, node, state, pass)
-    WHERE node_limit IS NOT NULL AND state IN ('available', 'running');
+-- Available steps of nodes limited by concurrency, by node in lease order (migration 33): what
+-- cyclone_lease_limited walks for a node with a free slot. And held steps in the order admitted.
+CREATE INDEX cyclone_steps_limited_ready_idx
+    ON cyclone_steps (workflow, node, priority, pass, id, available_at)
+    WHERE state = 'available' AND node_limit IS NOT NULL;
 CREATE INDEX cyclone_steps_held_idx ON cyclone_steps (workflow, node, priority, pass, id)
     WHERE held;
 
@@ -705,14 +756,12 @@ LANGUAGE sql STABLE AS $$
      WHERE g.hash = graph_hash AND n->>'name' = node
 $$;
 
-CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz, lim_hint integer DEFAULT NULL,
-                                    marked boolean DEFAULT false)
+CREATE FUNCTION cyclone_admit_steps(wf text, nd text, at timestamptz)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     horizon CONSTANT float8 := 2.0;  -- RATE_HORIZON: how far ahead a token may be given
     batch CONSTANT integer := 200;   -- most held steps one call reads, and admits
-    enough CONSTANT integer := 16;   -- available steps of the node that make admitting wait
     -- The longest from a lease to its handler's start: a lease taken ahead starts within
     -- READY_FOR (0.25 s, cyclone/supervisor/dispatch.py) of its statement, or goes back.
     slack CONSTANT interval := interval '300 milliseconds';
@@ -720,15 +769,12 @@ DECLARE
     -- may be given meanwhile (migration 32): `fresh` stays short enough to be kept in its row.
     relook CONSTANT interval := interval '100 milliseconds';
     fresh_most CONSTANT integer := 200;
-    lim integer := lim_hint;
-    free integer := batch;
-    ready integer := 0;
     admitted integer;
     st record;
     ev record;
     rows_read integer := 0;
-    -- (Set when the walk starts: a default is evaluated at every call, and most calls, for a
-    -- freed slot, end at the first test.)
+    -- (Set when the walk starts: a default is evaluated at every call, and a call that finds
+    -- the node's lock taken ends before.)
     ids bigint[];
     waits float8[];
     -- The buckets this call met, by `name || chr(31) || key`: the level at b_at (tokens, the
@@ -759,54 +805,9 @@ DECLARE
     lim_row cyclone_rate_limits%ROWTYPE;
     bucket cyclone_rate_buckets%ROWTYPE;
 BEGIN
-    IF lim IS NULL THEN
-        SELECT s.node_limit INTO lim FROM cyclone_steps s
-         WHERE s.held AND s.workflow = wf AND s.node = nd LIMIT 1;
-    END IF;
-    -- While `enough` of the node's steps are available, the workers have work the limit does
-    -- not hold back: a freed slot waits, and is filled with the others in one admission once
-    -- fewer are available. A walk of at most `enough` entries, before the lock, ends most calls
-    -- for a freed slot. (With a limit of `enough` or less, that many available leave no slot.)
-    -- In pass order, which cyclone_steps_limited_idx alone gives: with a bare LIMIT, statistics
-    -- that promised many such steps led the planner to scan the table, or the primary key,
-    -- hoping to stop early, and it read every step when fewer than `enough` were there. From
-    -- the last pass: the entries leased steps leave until VACUUM are at the first passes
-    -- (steps are admitted and leased in pass order), and a walk from there read them all.
-    -- A marked step's call (migration 30) skips it: it comes when the walk would not return.
-    IF lim > enough AND NOT marked THEN
-        IF (SELECT count(*) FROM (SELECT 1 FROM cyclone_steps s
-                                   WHERE s.workflow = wf AND s.node = nd
-                                     AND s.node_limit IS NOT NULL AND s.state = 'available'
-                                   ORDER BY s.pass DESC
-                                   LIMIT enough) AS ready) >= enough THEN
-            RETURN 0;
-        END IF;
-    END IF;
     IF NOT pg_try_advisory_xact_lock(hashtextextended(
                'cyclone_node:' || current_schema() || chr(31) || wf || chr(31) || nd, 0)) THEN
         RETURN 0;
-    END IF;
-    IF lim IS NOT NULL THEN
-        SELECT lim - count(*), count(*) FILTER (WHERE s.state = 'available') INTO free, ready
-          FROM cyclone_steps s
-         WHERE s.workflow = wf AND s.node = nd AND s.node_limit IS NOT NULL
-           AND s.state IN ('available', 'running');
-        IF free <= 0 THEN
-            -- Every slot held, found by a marked step: each holder admits when it lets its
-            -- slot go, so that the first slot freed is filled (the step whose lease called,
-            -- too; those another transaction holds now are ending, or being marked by it).
-            -- An unmarked call (an insert's, the sweep's) leaves that to the sweep's next pass.
-            IF lim > enough AND marked THEN
-                UPDATE cyclone_steps s SET refill = 2
-                 WHERE s.id IN (SELECT h.id FROM cyclone_steps h
-                                 WHERE h.workflow = wf AND h.node = nd
-                                   AND h.node_limit IS NOT NULL
-                                   AND h.state IN ('available', 'running') AND h.refill <> 2
-                                   FOR UPDATE SKIP LOCKED);
-            END IF;
-            RETURN 0;
-        END IF;
-        free := least(free, batch);
     END IF;
     ids := '{}';
     waits := '{}';
@@ -933,6 +934,10 @@ BEGIN
                     END IF;
                 END IF;
             END IF;
+            -- A node of one bucket (no key) that gives nothing more has no step to admit: the
+            -- rest of the walk would only lock rows (migration 33; until then a node limit
+            -- stopped it at the free slots).
+            EXIT WHEN keyfield IS NULL AND (b_secs[b] IS NULL OR NOT b_open[b]);
             CONTINUE WHEN b_secs[b] IS NULL OR NOT b_open[b];
             -- One token, while the bucket's pending steps with this one are at most `burst`:
             -- at the time the level has refilled for them all (now if it has), so that they
@@ -949,7 +954,6 @@ BEGIN
         END IF;
         ids := ids || st.id;
         waits := waits || wait;
-        EXIT WHEN cardinality(ids) >= free;
     END LOOP;
     -- A bucket that held steps back (or that this call stopped reading at its batch) looks
     -- again once some of its pending steps could have started: a token's time, at least 50 ms,
@@ -981,39 +985,15 @@ BEGIN
     IF cardinality(ids) = 0 THEN
         RETURN 0;
     END IF;
-    -- The steps picked (locked by the walk), in one statement, marked (migration 30) for the
-    -- call that admits the next ones, where a node's limit is above `enough` (at or under it,
-    -- every slot let go admits): with `enough` or more available after this call, the step
-    -- leased when fewer than `enough` are left behind it, in lease order (1: its lease
-    -- admits); with fewer (the slots are held by running steps), every step admitted (2: the
-    -- end of each admits).
+    -- The steps picked (locked by the walk), in one statement.
     UPDATE cyclone_steps s
        SET held = false,  -- and so available (the rules' trigger): see cyclone_steps_keep_rules
-           available_at = greatest(s.available_at, at + make_interval(secs => a.wait)),
-           refill = CASE WHEN lim IS NULL OR lim <= enough THEN 0
-                         WHEN ready + cardinality(ids) < enough THEN 2
-                         WHEN a.n = greatest(cardinality(ids) - enough + 1, 1) THEN 1
-                         ELSE 0 END
-      FROM unnest(ids, waits) WITH ORDINALITY AS a (id, wait, n)
+           available_at = greatest(s.available_at, at + make_interval(secs => a.wait))
+      FROM unnest(ids, waits) AS a (id, wait)
      WHERE s.id = ANY (ids) AND s.id = a.id;
     GET DIAGNOSTICS admitted = ROW_COUNT;
     RETURN admitted;
 END
-$$;
-
--- Held steps by node, counted up to `cap` (the metrics' cyclone_steps_throttled), by a walk of
--- cyclone_steps_held_idx in its order: grouped without a sort, whatever the statistics say.
-CREATE FUNCTION cyclone_held_counts(cap integer)
-RETURNS TABLE (workflow text, node text, rate_limit text, held bigint)
-LANGUAGE sql STABLE
-SET enable_sort = off
-SET enable_bitmapscan = off
-SET enable_seqscan = off
-AS $$
-    SELECT h.workflow, h.node, max(h.rate_limit), count(*)
-      FROM (SELECT s.workflow, s.node, s.rate_limit FROM cyclone_steps s WHERE s.held
-             ORDER BY s.workflow, s.node LIMIT greatest(cap, 0)) AS h
-     GROUP BY h.workflow, h.node
 $$;
 
 -- A held step inserted admits its node's held steps, once per statement and node (migrations
@@ -1021,9 +1001,8 @@ $$;
 -- saw the others. The mark `cyclone.admitted`, local to the transaction, holds the session's
 -- last step id (currval) at that call and the nodes admitted since; a later insert takes a new
 -- id and so starts a new mark. A call that filled its batch is not marked: the next row calls
--- again. What the calls left held is admitted by the ends of the steps they admitted (a node
--- limited by concurrency) and by the held_steps sweep, woken at the bucket's next_at (a node
--- limited by rate).
+-- again. What the calls left held is admitted by the held_steps sweep, woken at the bucket's
+-- next_at.
 CREATE FUNCTION cyclone_steps_admit() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     admitted integer;
@@ -1042,7 +1021,7 @@ BEGIN
     ELSE
         mark := upto || here;
     END IF;
-    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), NEW.node_limit);  -- not PERFORM: see cyclone_runs_free_slot
+    admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now());  -- not PERFORM: see cyclone_runs_free_slot
     IF admitted < 200 THEN  -- a call that filled its batch (200) may leave more to give
         mark := set_config('cyclone.admitted', mark, true);
     END IF;
@@ -1053,29 +1032,82 @@ $$;
 CREATE TRIGGER cyclone_steps_held AFTER INSERT ON cyclone_steps
     FOR EACH ROW WHEN (NEW.held)
     EXECUTE FUNCTION cyclone_steps_admit();
--- A step that held a slot let it go (ended, parked, or held again for a token).
-CREATE FUNCTION cyclone_steps_free_slot() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    admitted integer;
+
+-- The nodes limited by concurrency (migration 33), each with its slots: 1 to node_limit, the
+-- highest limit a graph of the node gave it. A slot holds the step whose lease claimed it
+-- (step_id), or nothing. A lower limit leaves the higher slots unused: a lease claims a slot at
+-- most its step's own limit.
+CREATE TABLE cyclone_limited_nodes (
+    workflow   text NOT NULL,
+    node       text NOT NULL,
+    node_limit integer NOT NULL,
+    PRIMARY KEY (workflow, node)
+);
+
+-- A slot changes with every lease and every end of one: its row is read through the primary
+-- key alone (a claim walks the node's slots in order for free ones; the end of a lease finds
+-- its own by the step's `slot`), so that no index names step_id and each change is a HOT
+-- update, in room the fill factor keeps on the row's page. (An index of free slots made every
+-- claim and release write an entry in each index, and walk the versions left behind.)
+CREATE TABLE cyclone_node_slots (
+    workflow text NOT NULL,
+    node     text NOT NULL,
+    slot     integer NOT NULL,
+    step_id  bigint,
+    PRIMARY KEY (workflow, node, slot)
+) WITH (fillfactor = 10);
+
+CREATE FUNCTION cyclone_node_slots_make(wf text, nd text, lim integer) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO cyclone_limited_nodes (workflow, node, node_limit) VALUES (wf, nd, lim)
+    ON CONFLICT (workflow, node) DO UPDATE SET node_limit = excluded.node_limit
+     WHERE cyclone_limited_nodes.node_limit < excluded.node_limit;
+    INSERT INTO cyclone_node_slots (workflow, node, slot)
+    SELECT wf, nd, g FROM generate_series(1, lim) AS g
+    ON CONFLICT DO NOTHING;
+$$;
+
+-- A graph registered makes the slots of its nodes limited by concurrency.
+CREATE FUNCTION cyclone_graphs_make_slots() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    -- What admits the next steps of a node (migration 30): with a limit of 16 (`enough`) or
-    -- less, every slot let go; above it, only a marked step: 1 when it leaves `available`
-    -- (its lease, typically), 2 when it lets its slot go. The others' ends admit nothing: the
-    -- walk that found `enough` available for nearly every one of them cost more than the rest
-    -- of the step's admission.
-    IF (OLD.state IN ('available', 'running') AND NEW.state NOT IN ('available', 'running')
-        AND (OLD.node_limit <= 16 OR OLD.refill = 2))
-       OR (OLD.refill = 1 AND OLD.state = 'available' AND NEW.state <> 'available') THEN
-        admitted := cyclone_admit_steps(NEW.workflow, NEW.node, now(), OLD.node_limit,
-                                        OLD.refill > 0);
-    END IF;
+    PERFORM cyclone_node_slots_make(NEW.workflow, n->>'name', (n->>'concurrency')::integer)
+       FROM jsonb_array_elements(NEW.graph->'nodes') AS n
+      WHERE n->>'concurrency' IS NOT NULL;
     RETURN NULL;
 END
 $$;
 
-CREATE TRIGGER cyclone_steps_slot_freed AFTER UPDATE OF state ON cyclone_steps
-    FOR EACH ROW WHEN (OLD.node_limit IS NOT NULL)
-    EXECUTE FUNCTION cyclone_steps_free_slot();
+CREATE TRIGGER cyclone_graphs_slots AFTER INSERT ON cyclone_graphs
+    FOR EACH ROW EXECUTE FUNCTION cyclone_graphs_make_slots();
+
+-- Steps held back by a node's limits, counted up to `cap` (the metrics'
+-- cyclone_steps_throttled): held steps by node, by a walk of cyclone_steps_held_idx in its
+-- order, grouped without a sort whatever the statistics say; and the available steps of each
+-- node with no free slot (migration 33).
+CREATE FUNCTION cyclone_held_counts(cap integer)
+RETURNS TABLE (workflow text, node text, rate_limit text, held bigint)
+LANGUAGE sql STABLE
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_seqscan = off
+AS $$
+    SELECT h.workflow, h.node, max(h.rate_limit), count(*)
+      FROM (SELECT s.workflow, s.node, s.rate_limit FROM cyclone_steps s WHERE s.held
+             ORDER BY s.workflow, s.node LIMIT greatest(cap, 0)) AS h
+     GROUP BY h.workflow, h.node
+    UNION ALL
+    SELECT n.workflow, n.node, NULL, w.n
+      FROM cyclone_limited_nodes n,
+           LATERAL (SELECT count(*) AS n
+                      FROM (SELECT 1 FROM cyclone_steps s
+                             WHERE s.workflow = n.workflow AND s.node = n.node
+                               AND s.state = 'available' AND s.node_limit IS NOT NULL
+                             LIMIT greatest(cap, 0)) AS a) AS w
+     WHERE w.n > 0
+       AND NOT EXISTS (SELECT 1 FROM cyclone_node_slots f
+                        WHERE f.workflow = n.workflow AND f.node = n.node
+                          AND f.step_id IS NULL)
+$$;
 
 ------------------------------------------------------------------------------------------------
 -- The lease's candidate scan, and how far behind the workers are
@@ -1117,7 +1149,7 @@ AS $$
       -- cyclone_runs_live_idx for each step (it did, on statistics of a drained history).
       JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
                       FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
-     WHERE go AND s.state = 'available'
+     WHERE go AND s.state = 'available' AND s.node_limit IS NULL
        AND s.run_id IS DISTINCT FROM other_than
        AND s.available_at <= at
        AND (s.priority, s.pass, s.id)
@@ -1148,7 +1180,7 @@ AS $$
       FROM cyclone_steps s
       JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
                       FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
-     WHERE want > 0 AND s.state = 'available'
+     WHERE want > 0 AND s.state = 'available' AND s.node_limit IS NULL
        AND NOT (s.run_id = ANY (coalesce(other_than, '{}')))
        AND s.available_at <= at
        AND (s.priority, s.pass, s.id)
@@ -1160,6 +1192,181 @@ AS $$
      ORDER BY s.priority, s.pass, s.id
      LIMIT greatest(want, 0)
        FOR UPDATE OF s SKIP LOCKED
+$$;
+
+-- The steps of one node limited by concurrency a lease may take (migration 33): as
+-- cyclone_lease_candidates, from cyclone_steps_limited_ready_idx, at most `want` of them.
+CREATE FUNCTION cyclone_lease_limited(
+    wf text, nd text, want integer, other_than uuid[], at timestamptz, after_priority smallint,
+    after_pass bigint, after_id bigint, graphs text[]
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid,
+                node_limit integer)
+LANGUAGE sql VOLATILE ROWS 8
+SET enable_sort = off
+SET enable_hashjoin = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+    SELECT s.id, s.available_at, s.priority, s.pass, r.input, r.deadline_at, r.graph_hash,
+           r.parent_run_id, s.node_limit
+      FROM cyclone_steps s
+      JOIN LATERAL (SELECT r.input, r.deadline_at, r.graph_hash, r.parent_run_id, r.state
+                      FROM cyclone_runs r WHERE r.id = s.run_id OFFSET 0) AS r ON true
+     WHERE want > 0 AND s.workflow = wf AND s.node = nd
+       AND s.state = 'available' AND s.node_limit IS NOT NULL
+       AND NOT (s.run_id = ANY (coalesce(other_than, '{}')))
+       AND s.available_at <= at
+       AND (s.priority, s.pass, s.id)
+           > (coalesce(after_priority, 0), coalesce(after_pass, -1), coalesce(after_id, 0))
+       AND r.state = 'running'
+       AND (r.deadline_at IS NULL OR r.deadline_at > at)
+       AND (graphs IS NULL OR r.graph_hash = ANY(graphs))
+     ORDER BY s.priority, s.pass, s.id
+     LIMIT greatest(want, 0)
+       FOR UPDATE OF s SKIP LOCKED
+$$;
+
+-- What a lease takes, in lease order (steps_dispatch, and _lease_next through
+-- cyclone_lease_pick_one): the steps of no node limit from cyclone_lease_candidates, and those
+-- of each node limited by concurrency that has a free slot, at most as many as it has free
+-- (migration 33). With `claim` (steps_dispatch, which leases every step this returns), the
+-- slots of the limited ones are claimed here, two statements for each node, and `slot` says
+-- which: a step whose node's slots were taken meanwhile is left out. Without it, the lease
+-- claims each one's slot in the rules' trigger, a statement for each step, or leaves the step
+-- (one claim there cost about three times one here). With no limited node among `workflows`
+-- that has a step available and a free slot, cyclone_lease_candidates alone.
+CREATE FUNCTION cyclone_lease_pick(
+    want integer, other_than uuid[], at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint, graphs text[], claim boolean
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid,
+                slot integer)
+LANGUAGE plpgsql VOLATILE ROWS 8 AS $$
+#variable_conflict use_column
+DECLARE
+    wfs text[];
+    nds text[];
+    frees integer[];
+    c_id bigint[];
+    c_at timestamptz[];
+    c_priority smallint[];
+    c_pass bigint[];
+    c_input jsonb[];
+    c_deadline timestamptz[];
+    c_graph text[];
+    c_parent uuid[];
+    c_wf text[];
+    c_nd text[];
+    c_lim integer[];
+    mine bigint[];
+    got integer[];
+    claimed_ids bigint[] := '{}';
+    claimed_slots integer[] := '{}';
+BEGIN
+    -- The limited nodes of `workflows` with a step available after the caller's last lease
+    -- (past the entries leased steps left behind: see cyclone_lease_candidate) and a free
+    -- slot: a descent of each index for each node declared (LATERAL ... LIMIT: a probe per
+    -- node, where a join read every available step of the node, for statistics that knew none).
+    SELECT array_agg(n.workflow), array_agg(n.node), array_agg(f.free)
+      INTO wfs, nds, frees
+      FROM cyclone_limited_nodes n,
+           LATERAL (SELECT s.id FROM cyclone_steps s
+                     WHERE s.workflow = n.workflow AND s.node = n.node
+                       AND s.state = 'available' AND s.node_limit IS NOT NULL
+                       AND (s.priority, s.pass, s.id)
+                           > (coalesce(after_priority, 0), coalesce(after_pass, -1),
+                              coalesce(after_id, 0))
+                     LIMIT 1) AS a,
+           LATERAL (SELECT count(*)::integer AS free
+                      FROM (SELECT 1 FROM cyclone_node_slots f
+                             WHERE f.workflow = n.workflow AND f.node = n.node
+                               AND f.step_id IS NULL AND f.slot <= n.node_limit
+                             LIMIT greatest(want, 0)) AS f) AS f
+     WHERE (workflows IS NULL OR n.workflow = ANY (workflows)) AND f.free > 0;
+    IF wfs IS NULL THEN
+        RETURN QUERY SELECT c.*, NULL::integer
+                       FROM cyclone_lease_candidates(want, other_than, at, workflows,
+                                                     after_priority, after_pass, after_id,
+                                                     graphs) AS c;
+        RETURN;
+    END IF;
+    -- Both kinds, in lease order, the first `want` (each column an array, in that order).
+    SELECT array_agg(c.id ORDER BY c.o), array_agg(c.available_at ORDER BY c.o),
+           array_agg(c.priority ORDER BY c.o), array_agg(c.pass ORDER BY c.o),
+           array_agg(c.input ORDER BY c.o), array_agg(c.deadline_at ORDER BY c.o),
+           array_agg(c.graph_hash ORDER BY c.o), array_agg(c.parent_run_id ORDER BY c.o),
+           array_agg(c.wf ORDER BY c.o), array_agg(c.nd ORDER BY c.o),
+           array_agg(c.lim ORDER BY c.o)
+      INTO c_id, c_at, c_priority, c_pass, c_input, c_deadline, c_graph, c_parent, c_wf,
+           c_nd, c_lim
+      FROM (SELECT u.*, row_number() OVER (ORDER BY u.priority, u.pass, u.id) AS o
+              FROM (SELECT l.*, NULL::text AS wf, NULL::text AS nd, NULL::integer AS lim
+                      FROM cyclone_lease_candidates(want, other_than, at, workflows,
+                                                    after_priority, after_pass, after_id,
+                                                    graphs) AS l
+                    UNION ALL
+                    SELECT l.id, l.available_at, l.priority, l.pass, l.input, l.deadline_at,
+                           l.graph_hash, l.parent_run_id, n.workflow, n.node, l.node_limit
+                      FROM unnest(wfs, nds, frees) AS n (workflow, node, free),
+                           LATERAL cyclone_lease_limited(n.workflow, n.node, n.free,
+                                                         other_than, at, after_priority,
+                                                         after_pass, after_id, graphs) AS l
+                     ORDER BY 3, 4, 1
+                     LIMIT greatest(want, 0)) AS u) AS c;
+    IF claim THEN
+        FOR i IN 1 .. cardinality(wfs) LOOP
+            mine := ARRAY(SELECT c_id[j] FROM generate_subscripts(c_id, 1) AS j
+                           WHERE c_wf[j] = wfs[i] AND c_nd[j] = nds[i] ORDER BY j);
+            CONTINUE WHEN cardinality(mine) = 0;
+            got := ARRAY(SELECT f.slot FROM cyclone_node_slots f
+                          WHERE f.workflow = wfs[i] AND f.node = nds[i] AND f.step_id IS NULL
+                            AND f.slot <= (SELECT min(c_lim[j]) FROM generate_subscripts(c_id, 1) AS j
+                                            WHERE c_wf[j] = wfs[i] AND c_nd[j] = nds[i])
+                          ORDER BY f.slot LIMIT cardinality(mine)
+                            FOR UPDATE SKIP LOCKED);
+            CONTINUE WHEN cardinality(got) = 0;
+            mine := mine[1:cardinality(got)];
+            UPDATE cyclone_node_slots sl SET step_id = x.id
+              FROM unnest(mine, got) AS x (id, slot)
+             WHERE sl.workflow = wfs[i] AND sl.node = nds[i] AND sl.slot = x.slot;
+            claimed_ids := claimed_ids || mine;
+            claimed_slots := claimed_slots || got;
+        END LOOP;
+    END IF;
+    RETURN QUERY
+    SELECT u.id, u.available_at, u.priority, u.pass, u.input, u.deadline_at, u.graph_hash,
+           u.parent_run_id, k.slot
+      FROM unnest(c_id, c_at, c_priority, c_pass, c_input, c_deadline, c_graph, c_parent, c_wf)
+               WITH ORDINALITY AS u (id, available_at, priority, pass, input, deadline_at,
+                                     graph_hash, parent_run_id, wf, o)
+      LEFT JOIN unnest(claimed_ids, claimed_slots) AS k (id, slot) ON k.id = u.id
+     WHERE u.wf IS NULL OR NOT claim OR k.slot IS NOT NULL
+     ORDER BY u.o;
+END
+$$;
+
+-- One step, as cyclone_lease_candidate takes it (its arguments), from both kinds.
+CREATE FUNCTION cyclone_lease_pick_one(
+    go boolean, other_than uuid, at timestamptz, workflows text[], after_priority smallint,
+    after_pass bigint, after_id bigint, graphs text[]
+) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
+                input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM cyclone_limited_nodes n
+                    WHERE workflows IS NULL OR n.workflow = ANY (workflows)) THEN
+        RETURN QUERY SELECT * FROM cyclone_lease_candidate(go, other_than, at, workflows,
+                                   after_priority, after_pass, after_id, graphs);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT p.id, p.available_at, p.priority, p.pass, p.input, p.deadline_at,
+                        p.graph_hash, p.parent_run_id
+                   FROM cyclone_lease_pick(
+                        CASE WHEN go THEN 1 ELSE 0 END,
+                        CASE WHEN other_than IS NULL THEN NULL ELSE ARRAY[other_than] END, at,
+                        workflows, after_priority, after_pass, after_id, graphs, false) AS p;
+END
 $$;
 
 -- The oldest step due of a running run (`cyclone status`, the metrics), by the same walk of

@@ -241,16 +241,21 @@ SELECT workflow, concurrency_key AS key, max(concurrency_limit) AS "limit",
 
 -- name: limits_nodes
 -- `cyclone limits`: nodes with a concurrency limit that have steps in play: the slots in use
--- (steps available or running) and the steps held for one, through the two partial indexes.
-SELECT workflow, node, max(node_limit) AS "limit",
-       count(*) FILTER (WHERE NOT held) AS in_use, count(*) FILTER (WHERE held) AS held
-  FROM (SELECT workflow, node, node_limit, false AS held FROM cyclone_steps
-         WHERE node_limit IS NOT NULL AND state IN ('available', 'running')
-        UNION ALL
-        SELECT workflow, node, node_limit, true FROM cyclone_steps
-         WHERE held AND node_limit IS NOT NULL) AS s
- GROUP BY workflow, node
- ORDER BY workflow, node
+-- (held by a lease: cyclone_node_slots, migration 33) and the steps waiting for one (available)
+-- or for a token (held), through the partial indexes.
+SELECT n.workflow, n.node, n.node_limit AS "limit", u.in_use, w.available + w.held AS held
+  FROM cyclone_limited_nodes n,
+       LATERAL (SELECT count(*) AS in_use FROM cyclone_node_slots sl
+                 WHERE sl.workflow = n.workflow AND sl.node = n.node
+                   AND sl.step_id IS NOT NULL) AS u,
+       LATERAL (SELECT (SELECT count(*) FROM cyclone_steps s
+                         WHERE s.workflow = n.workflow AND s.node = n.node
+                           AND s.state = 'available' AND s.node_limit IS NOT NULL) AS available,
+                       (SELECT count(*) FROM cyclone_steps s
+                         WHERE s.held AND s.workflow = n.workflow AND s.node = n.node)
+                           AS held) AS w
+ WHERE u.in_use > 0 OR w.available + w.held > 0
+ ORDER BY n.workflow, n.node
  LIMIT %(limit)s;
 
 -- name: limits_rates

@@ -48,8 +48,9 @@ ON CONFLICT DO NOTHING;
 -- One row comes back either way: `completed` counts `done`, the lease columns are NULL when
 -- none was taken.
 --
--- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7), whose
--- settings pin its plan to a walk of the candidate index whatever the statistics say
+-- The candidate, with its run's columns, comes from cyclone_lease_candidate (migration 7)
+-- through cyclone_lease_pick_one (with the steps of nodes limited by concurrency, migration 33),
+-- whose settings pin its plan to a walk of the candidate index whatever the statistics say
 -- (bench/README.md), from after the connection's last lease (%(after_priority)s, %(after_pass)s,
 -- %(after_id)s). Being
 -- volatile, it reads with a snapshot of its own, taken as it is called: a step committed between
@@ -65,7 +66,7 @@ ON CONFLICT DO NOTHING;
 -- sweep) takes that run's steps one by one, and would otherwise meet the worker holding one of
 -- them while it waited for another.
 candidate AS (
-    SELECT * FROM cyclone_lease_candidate(
+    SELECT * FROM cyclone_lease_pick_one(
                %(lease)s::boolean AND EXISTS (SELECT 1 FROM held), %(other_than)s::uuid,
                coalesce(%(now)s::timestamptz, now()), %(workflows)s::text[],
                %(after_priority)s::smallint, %(after_pass)s::bigint, %(after_id)s::bigint,
@@ -215,21 +216,30 @@ WITH c AS (
      ORDER BY r.id
        FOR NO KEY UPDATE
 ), candidate AS (
-    SELECT * FROM cyclone_lease_candidates(
+    SELECT * FROM cyclone_lease_pick(
                CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
                (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
                %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
-               %(after_id)s::bigint, %(graphs)s)
+               %(after_id)s::bigint, %(graphs)s, true)
 ), done AS (
+    -- Each step's slot (migration 33) is let go below, for them all at once: `slot` set to
+    -- NULL here tells the rules' trigger not to let it go again, a statement for each.
     UPDATE cyclone_steps s
        SET state = 'completed', output = c.output,
            completed_at = coalesce(%(now)s::timestamptz, now()),
-           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL
-      FROM c
+           lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL,
+           slot = NULL
+      FROM c, LATERAL (SELECT o.slot FROM cyclone_steps o WHERE o.id = c.step_id) AS o
      WHERE s.id = ANY (%(step_ids)s::bigint[])
        AND s.id = c.step_id AND s.lease_token = c.token
        AND (NOT c.last OR s.run_id IN (SELECT run.id FROM run))
- RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next, s.priority, s.pass
+ RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next, s.priority, s.pass,
+           o.slot AS freed
+), freed AS (
+    UPDATE cyclone_node_slots sl SET step_id = NULL
+      FROM done
+     WHERE sl.workflow = done.workflow AND sl.node = done.node AND sl.slot = done.freed
+       AND sl.step_id = done.id
 ),
 -- include: _make_next
 finished AS (
@@ -248,7 +258,8 @@ finished AS (
        SET state = 'running', attempt = s.attempt + 1, lease_token = gen_random_uuid(),
            lease_expires_at = coalesce(%(now)s::timestamptz, now())
                               + make_interval(secs => %(ttl)s),
-           leased_by = w.name, started_at = coalesce(%(now)s::timestamptz, now())
+           leased_by = w.name, started_at = coalesce(%(now)s::timestamptz, now()),
+           slot = numbered.slot
       FROM numbered
       JOIN unnest(%(workers)s::text[]) WITH ORDINALITY AS w (name, n) ON w.n = numbered.n
      WHERE s.id = numbered.id

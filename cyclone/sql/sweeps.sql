@@ -277,10 +277,23 @@ WITH due AS (
 SELECT count(*) AS failed, (SELECT count(*) FROM dead) AS steps FROM failed;
 
 -- name: sweep_held_steps
--- Admit the held steps of limited nodes (cyclone_admit_steps): tokens that refilled since,
--- and slots an admission that could not take a node's lock left free. Each node with held
+-- Admit the held steps of rate-limited nodes (cyclone_admit_steps): tokens that refilled
+-- since, and those an admission that could not take a node's lock left. Each node with held
 -- steps once, found by a skip scan of cyclone_steps_held_idx (a walk per node, not per step).
-WITH RECURSIVE nodes AS (
+-- And let go a slot still claimed by a step that holds no lease (migration 33: every end of a
+-- lease lets its slot go in its own statement, so this finds one only if a step's row changed
+-- by some other way); by the step id read, so that a slot claimed again meanwhile is kept.
+WITH RECURSIVE stale AS (
+    SELECT sl.workflow, sl.node, sl.slot, sl.step_id FROM cyclone_node_slots sl
+     WHERE sl.step_id IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM cyclone_steps s
+                        WHERE s.id = sl.step_id AND s.state = 'running' AND s.slot = sl.slot)
+), freed AS (
+    UPDATE cyclone_node_slots sl SET step_id = NULL
+      FROM stale
+     WHERE sl.workflow = stale.workflow AND sl.node = stale.node AND sl.slot = stale.slot
+       AND sl.step_id = stale.step_id
+), nodes AS (
     (SELECT workflow, node FROM cyclone_steps WHERE held ORDER BY workflow, node LIMIT 1)
     UNION ALL
     SELECT n.workflow, n.node
@@ -382,7 +395,7 @@ SELECT (SELECT count(*) FROM parked)::integer AS parked,
 -- columns, tuple header, line pointer, leaves 90% full; a workflow name of 13 characters, a
 -- key and a node name of 11 or 12; live runs with distinct deadlines: without one, they share
 -- a deduplicated key at 7 bytes an entry). Not the running steps' index (one entry per worker
--- at most) nor the limited nodes' (their slots at most): no backlog reaches them.
+-- at most): no backlog reaches it.
 -- Returns, most bytes to win first, each such index that is bloated: its pages as of its last
 -- VACUUM, ANALYZE or build (relpages, beside the entries counted then: reltuples; -1, never
 -- counted) at least %(floor)s bytes and more than %(ratio)s times what those entries take;
@@ -394,7 +407,8 @@ SELECT (SELECT count(*) FROM parked)::integer AS parked,
 -- Reads the catalog through the two tables' indexes (pg_index by indrelid): a few dozen rows.
 WITH queue (name, entry) AS (VALUES
     ('cyclone_steps_ready_idx', 50), ('cyclone_steps_available_idx', 32),
-    ('cyclone_steps_held_idx', 68), ('cyclone_steps_parked_idx', 32),
+    ('cyclone_steps_held_idx', 68), ('cyclone_steps_limited_ready_idx', 76),
+    ('cyclone_steps_parked_idx', 32),
     ('cyclone_steps_due_idx', 24), ('cyclone_runs_fair_idx', 48),
     ('cyclone_runs_live_idx', 32), ('cyclone_runs_queued_idx', 88),
     ('cyclone_runs_queued_deadline_idx', 24)

@@ -124,12 +124,14 @@ READY_SHARE = 0.05
 # (AHEAD_FOR), so that its last lease is not given back for waiting. And fewer for a node with
 # a `concurrency` limit (LIMITED_SHARE).
 AHEAD = 12
-# Leases queued count against a node's `concurrency`: with 12 ahead, 4 workers held 52 of a
-# limit of 64 in leases, fewer than 16 steps stayed available, every end admitted one step
-# (cyclone_steps_free_slot, migration 30), and such a drain fell to half of its unlimited one.
-# While the steps leased are of such a node, the VM's workers hold at most this share of its
-# limit in leases queued (at least one each): 8 each for 4 workers under 64, as before 12.
-LIMITED_SHARE = 0.5
+# Leases queued count against a node's `concurrency` (a slot each, claimed by the lease:
+# migration 33): while the steps leased are of such a node, the VM's workers are leased ahead
+# at most this share of its limit, spread over them (at least one each): asking for more would
+# only find the slots taken, and a limit shared by several VMs is better spread over them: 12
+# each for 4 workers under 64, 4 each under 16. (Until migration 33 the steps made available
+# for a lease held slots too, and half of a limit was the most leases could hold without
+# starving them.)
+LIMITED_SHARE = 1.0
 AHEAD_FOR = READY_FOR / 2
 # A finished task whose recording statement failed goes with the next statement, this many
 # times at most: its lease then expires, and the step runs again.

@@ -506,16 +506,16 @@ def _cap_rounds(h: Harness) -> None:
 limited = cyclone.Workflow("dispatch-ahead-limited")
 
 
-@limited.task(concurrency=40)
+@limited.task(concurrency=16)
 def capped(ctx):
     return ctx.input
 
 
 def test_fewer_leases_are_queued_while_the_steps_leased_are_of_a_node_limit(env) -> None:
     """Leases queued count against a node's `concurrency`: once the steps leased are seen to
-    be of a node limited to 40, two workers are leased 10 ahead each at most (LIMITED_SHARE),
+    be of a node limited to 16, two workers are leased 8 ahead each at most (LIMITED_SHARE),
     not AHEAD; once they are of no limit, AHEAD again."""
-    assert dispatch_module.limited_depth(40, 2) == 10 < AHEAD
+    assert dispatch_module.limited_depth(16, 2) == 8 < AHEAD
     harness = Harness(env, workers=2, workflows=lambda: (limited.name, quick.name))
     one, two = harness.arbiter.children[1], harness.arbiter.children[2]
     try:
@@ -525,13 +525,13 @@ def test_fewer_leases_are_queued_while_the_steps_leased_are_of_a_node_limit(env)
         harness.settle()
         # The first statement knew of no limit: AHEAD queued for worker 1, every limited step.
         assert len(one.queued) == AHEAD
-        assert harness.dispatcher.node_limit == 40
+        assert harness.dispatcher.node_limit == 16
         env.client.submit_many(quick, list(range(30)))
         harness.want(2)
         first = harness.answer(2)
         harness.settle()
         assert first.lease["workflow"] == quick.name
-        assert len(two.queued) == 10
+        assert len(two.queued) == 8
         # Those were of no limit: the statement that records worker 2's step refills its
         # queue to AHEAD.
         assert harness.dispatcher.node_limit is None

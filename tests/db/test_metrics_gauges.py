@@ -8,6 +8,7 @@ from fakes import FakeClock
 from prometheus_client import CollectorRegistry, generate_latest
 
 import cyclone
+from cyclone import engine
 from cyclone.child.channel import Scanned
 from cyclone.child.session import connect_briefly
 from cyclone.supervisor.gauges import DatabaseGauges
@@ -145,14 +146,18 @@ def rated(ctx: cyclone.StepContext) -> None:
 def test_queued_runs_and_throttled_steps_are_gauges() -> None:
     with TestEnv(workflows=[keyed, held]) as env:
         env.client.submit_many(keyed, [{"k": 1}] * 3)
-        env.client.submit_many(held, [None] * 4)  # one slot: 3 held for it
+        env.client.submit_many(held, [None] * 4)
         gauges = DatabaseGauges(lambda: connect_briefly(env.dsn), clock=FakeClock())
         text = scrape(gauges)
         assert 'cyclone_runs_active{state="queued"} 2.0' in text
-        assert (
+        assert 'kind="concurrency"' not in text  # a free slot holds nothing back
+        taken = engine.lease_step(env.conn, worker="gauges", workflows=[held.name])
+        text = scrape(DatabaseGauges(lambda: connect_briefly(env.dsn), clock=FakeClock()))
+        assert (  # its one slot taken: 3 wait for it
             'cyclone_steps_throttled{kind="concurrency",limit="gauge-held/one_at_a_time"} 3.0'
             in text
         )
+        assert taken is not None and engine.complete_step(env.conn, taken, None)
         env.run_until_idle()  # the undeclared limiter holds every rated step
         text = scrape(DatabaseGauges(lambda: connect_briefly(env.dsn), clock=FakeClock()))
         assert 'cyclone_steps_throttled{kind="rate",limit="gauge-limiter"} 4.0' in text

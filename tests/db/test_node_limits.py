@@ -1,7 +1,8 @@
-"""Limits on a node: `concurrency=N` (at most N of its steps available or running at once,
-across every VM) and `rate_limit` (one token of a PostgreSQL token bucket per attempt).
-Steps short of a slot or a token are held out of the lease index, so no lease walks over
-them, and admitted as slots free and tokens refill."""
+"""Limits on a node: `concurrency=N` (at most N of its steps hold a lease at once, across every
+VM: a slot each, claimed by the lease) and `rate_limit` (one token of a PostgreSQL token bucket
+per attempt). Steps short of a slot wait available, where only a lease of a node with a free
+slot reads them; steps short of a token are held out of the lease indexes, and admitted as
+tokens refill."""
 
 from __future__ import annotations
 
@@ -66,18 +67,31 @@ def one_of_forty(ctx):
     return None
 
 
-# Two limited roots: a submit inserts their steps interleaved, run by run.
+# Rate-limited roots (held until admitted with a token): one, and two whose steps a submit
+# inserts interleaved, run by run.
+wide_rate = cyclone.Workflow("nl-wide-rate")
+
+
+@wide_rate.task(rate_limit="nl-unbound")
+def one_of_many(ctx):
+    return None
+
+
 pair = cyclone.Workflow("nl-pair")
 
 
-@pair.task(concurrency=40)
+@pair.task(rate_limit="nl-unbound")
 def left(ctx):
     return None
 
 
-@pair.task(concurrency=40)
+@pair.task(rate_limit="nl-unbound")
 def right(ctx):
     return None
+
+
+def unbound(env: TestEnv) -> None:
+    env.client.set_rate_limit("nl-unbound", rate=1e9, per=timedelta(seconds=1), burst=1e9)
 
 
 ALL = [narrow, mapped, mailer, tenants, wide]
@@ -96,118 +110,160 @@ def counts(env: TestEnv, wf: cyclone.Workflow) -> dict[str, int]:
     return {r["s"]: r["n"] for r in rows}
 
 
-def test_at_most_n_steps_of_a_node_are_available_or_running(env: TestEnv):
-    env.register(*ALL)
-    runs = env.client.submit_many(narrow, [None] * 5)
-    assert counts(env, narrow) == {"available": 2, "held": 3}
-    first, second = lease(env, narrow), lease(env, narrow)
-    assert first and second and lease(env, narrow) is None  # the third is held
-    assert engine.complete_step(env.conn, first, None)
-    assert counts(env, narrow) == {"completed": 1, "running": 1, "available": 1, "held": 2}
-    # A retry keeps its slot; a planned stop's release too.
-    assert engine.fail_step(env.conn, second.step_id, second.token, kind="error", error="x")
-    assert counts(env, narrow)["held"] == 2
-    for run_id in runs:
-        env.run_until_complete(run_id)
-    assert counts(env, narrow) == {"completed": 5}
-
-
-def test_a_freed_slot_waits_while_16_of_the_nodes_steps_are_available_then_all_are_filled(
-    env: TestEnv,
-):
-    """Admission is one walk of the node's indexes for many steps, not one a step, while the
-    workers have work (migration 24); a limit of 16 or less admits at every freed slot."""
-    env.register(*ALL)
-    env.client.submit_many(wide, [None] * 60)
-    assert counts(env, wide) == {"available": 40, "held": 20}
-    leases = [lease(env, wide) for _ in range(24)]
-    assert all(leases)
-    for done in leases[:23]:  # 16 stay available: a freed slot admits nothing
-        assert engine.complete_step(env.conn, done, None)
-    assert counts(env, wide) == {"completed": 23, "running": 1, "available": 16, "held": 20}
-    assert engine.complete_step(env.conn, leases[23], None)  # 16 available: nothing still
-    assert counts(env, wide)["held"] == 20
-    taken = lease(env, wide)  # 15 available now; its end fills every free slot at once
-    assert taken and engine.complete_step(env.conn, taken, None)
-    assert counts(env, wide) == {"completed": 25, "available": 35}
-
-
-def _marks(env: TestEnv, wf: cyclone.Workflow) -> dict[int, int]:
+def running_ids(env: TestEnv, wf: cyclone.Workflow) -> set[int]:
     rows = env.conn.execute(
-        "SELECT refill, count(*) AS n FROM cyclone_steps WHERE workflow = %s"
-        " AND state IN ('available', 'running') GROUP BY 1",
+        "SELECT id FROM cyclone_steps WHERE workflow = %s AND state = 'running'", (wf.name,)
+    ).fetchall()
+    return {r["id"] for r in rows}
+
+
+def slot_holders(env: TestEnv, wf: cyclone.Workflow) -> set[int]:
+    """The steps the node's slots say hold a lease (migration 33)."""
+    rows = env.conn.execute(
+        "SELECT step_id FROM cyclone_node_slots WHERE workflow = %s AND step_id IS NOT NULL",
         (wf.name,),
     ).fetchall()
-    return {r["refill"]: r["n"] for r in rows}
+    return {r["step_id"] for r in rows}
+
+
+def test_at_most_n_steps_of_a_node_hold_a_lease(env: TestEnv):
+    env.register(*ALL)
+    runs = env.client.submit_many(narrow, [None] * 5)
+    assert counts(env, narrow) == {"available": 5}  # nothing held for a slot
+    first, second = lease(env, narrow), lease(env, narrow)
+    assert first and second and lease(env, narrow) is None  # both slots taken
+    assert slot_holders(env, narrow) == {first.step_id, second.step_id}
+    assert engine.complete_step(env.conn, first, None)
+    assert slot_holders(env, narrow) == {second.step_id}
+    third = lease(env, narrow)
+    assert third is not None and lease(env, narrow) is None
+    # A retry lets its slot go, and waits for one like any other step.
+    assert engine.fail_step(env.conn, second.step_id, second.token, kind="error", error="x")
+    assert slot_holders(env, narrow) == {third.step_id}
+    for run_id in runs:
+        env.run_until_complete(run_id)
+    assert counts(env, narrow) == {"completed": 5} and slot_holders(env, narrow) == set()
+
+
+def test_every_end_of_a_lease_lets_its_slot_go(env: TestEnv):
+    """Completed, failed for a retry, dead, given back by a planned stop, expired, cancelled:
+    each end frees the slot in the statement that ends the lease."""
+    env.register(*ALL, wide)
+    runs = env.client.submit_many(wide, [None] * 8)
+    taken = [lease(env, wide) for _ in range(6)]
+    assert all(taken) and slot_holders(env, wide) == {t.step_id for t in taken if t}
+    a, b, c, d, e, f = (t for t in taken if t)
+    assert engine.complete_step(env.conn, a, None)
+    assert engine.fail_step(env.conn, b.step_id, b.token, kind="error", error="x")
+    assert engine.fail_step(env.conn, c.step_id, c.token, kind="error", error="x", retry=False)
+    assert engine.release_step(env.conn, d.step_id, d.token)
+    env.client.cancel(next(r for r in runs if r == e.run_id))
+    assert slot_holders(env, wide) == {f.step_id}
+    env.advance_time(timedelta(minutes=5))
+    env.scan()  # f's lease expired
+    assert slot_holders(env, wide) == set() and running_ids(env, wide) == set()
+
+
+def test_the_supervisors_statement_claims_and_lets_go_slots_for_all_its_steps_at_once(
+    env: TestEnv,
+):
+    """steps_dispatch claims the slots of the steps it leases in one statement for each node,
+    and lets go those of the steps it completes (migration 33): never more leases of the node
+    than its limit, its slots held by exactly its running steps, to the last step."""
+    from cyclone.engine.dispatch import Finished, dispatch
+
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 200)
+    finished: list[Finished] = []
+    done = 0
+    while True:
+        result = dispatch(env.conn, finished, [f"nl:{i}" for i in range(30)],
+                          workflows=[wide.name])  # fmt: skip
+        done += len(result.completed)
+        assert len(running_ids(env, wide)) <= 40
+        assert slot_holders(env, wide) == running_ids(env, wide)
+        if not result.leases:
+            break
+        finished = [Finished(r["id"], r["lease_token"], r["run_id"], None, last=True)
+                    for r in result.leases.values()]  # fmt: skip
+    assert done == 200 and counts(env, wide) == {"completed": 200}
+    assert slot_holders(env, wide) == set()
 
 
 @pytest.mark.parametrize("at_once", [1, 4])
-def test_workers_draining_a_node_above_16_never_wait_for_the_sweep(env: TestEnv, at_once: int):
-    """Above 16, an end admits nothing unless its step is marked (migration 30): the step
-    leased when fewer than 16 are left behind it admits the next ones. No sweep runs here: a
-    lease that found nothing while steps were held would wait for one."""
+def test_workers_draining_a_node_never_exceed_its_limit_nor_wait_for_a_sweep(
+    env: TestEnv, at_once: int
+):
+    """No sweep runs here: a lease that found nothing while the node had a free slot and
+    steps waiting would fail the drain."""
     env.register(*ALL)
     env.client.submit_many(wide, [None] * 300)
-    assert counts(env, wide) == {"available": 40, "held": 260}
-    marker = env.conn.execute(
-        "SELECT refill FROM cyclone_steps WHERE workflow = %s AND NOT held"
-        " ORDER BY priority, pass, id OFFSET 24 LIMIT 1",
-        (wide.name,),
-    ).fetchone()
-    assert _marks(env, wide) == {0: 39, 1: 1} and marker["refill"] == 1
     done = 0
     while done < 300:
         taken = [lease(env, wide) for _ in range(at_once)]
         assert taken[0] is not None, counts(env, wide)
+        assert len(running_ids(env, wide)) <= 40
+        assert slot_holders(env, wide) == running_ids(env, wide)
         for one in filter(None, taken):
             assert engine.complete_step(env.conn, one, None)
             done += 1
-        assert in_use(env, wide) <= 40
     assert counts(env, wide) == {"completed": 300}
 
 
-def test_an_insert_that_finds_every_slot_held_marks_no_holder(env: TestEnv):
-    """Only a marked step's admission marks the holders when every slot is held: an insert's
-    (or the sweep's) leaves them to the sweep's next pass, and writes nothing (its statement,
-    the sweep's above all, stays a read)."""
-    env.register(*ALL)
-    env.client.submit_many(wide, [None] * 40)
-    assert all(lease(env, wide) for _ in range(30))
-    # Holders with no mark, as steps admitted before migration 30 are, 10 of them available:
-    # fewer than 16, so the insert's call does not return at its walk.
-    env.conn.execute("UPDATE cyclone_steps SET refill = 0 WHERE workflow = %s", (wide.name,))
-    env.client.submit_many(wide, [None] * 10)
-    assert counts(env, wide) == {"running": 30, "available": 10, "held": 10}
-    assert _marks(env, wide) == {0: 40}
-    assert sweep_held_steps(env.conn, now=env.now()) == 0
-    assert _marks(env, wide) == {0: 40}
+def test_a_node_with_every_slot_leased_holds_back_only_its_own_steps(env: TestEnv):
+    """A full node's backlog is not what the lease reads: a step of another workflow behind it
+    is leased, and the node's next step once a slot frees."""
+    env.register(*ALL, chained)
+    env.client.submit_many(narrow, [None] * 50)
+    held = [lease(env, narrow), lease(env, narrow)]
+    other = env.client.submit(chained, None)
+    taken = engine.lease_step(env.conn, worker="nl", workflows=None, now=env.now())
+    assert taken is not None and taken.run_id == other
+    assert engine.lease_step(env.conn, worker="nl", workflows=None, now=env.now()) is None
+    assert held[0] and engine.complete_step(env.conn, held[0], None)
+    nxt = engine.lease_step(env.conn, worker="nl", workflows=None, now=env.now())
+    assert nxt is not None and nxt.workflow == narrow.name
 
 
-def test_when_running_steps_hold_a_nodes_slots_each_end_admits_the_next(env: TestEnv):
-    """Slots held by running steps (fewer than 16 available): a call that finds every slot
-    held marks the holders to admit when they end, and what an end admits is marked so too;
-    their leases admit nothing (they cannot free a slot)."""
+def test_a_lease_whose_slots_another_transaction_holds_takes_none_and_never_waits(
+    env: TestEnv,
+):
+    """A claim skips the slots another transaction holds (a claim in flight): with none left,
+    the step is not leased (nor left claimed), and the lease does not wait."""
     env.register(*ALL)
-    env.client.submit_many(wide, [None] * 120)
-    running = [lease(env, wide) for _ in range(40)]
-    assert all(running) and lease(env, wide) is None
-    assert _marks(env, wide) == {2: 40}  # every holder, by the lease that found none free
-    held = counts(env, wide)["held"]
-    for i, one in enumerate(running[:10], 1):
-        assert engine.complete_step(env.conn, one, None)
-        assert counts(env, wide)["held"] == held - i  # its slot filled at once
-    assert _marks(env, wide) == {2: 40}
-    before = _admission_calls(env)
-    with connect(_counted(env)) as conn:
-        for _ in range(10):
-            assert engine.lease_step(conn, worker="nl", workflows=[wide.name], now=env.now())
-        assert engine.complete_step(conn, running[10], None)
-    assert _calls_since(env, before, 1) == 1  # the end's alone
-    for one in running[11:]:
-        assert engine.complete_step(env.conn, one, None)
-    while taken := lease(env, wide):  # and so on, with no sweep, to the last
-        assert engine.complete_step(env.conn, taken, None)
-    assert counts(env, wide) == {"completed": 110, "running": 10}
+    env.client.submit_many(narrow, [None] * 3)
+    with connect(env.dsn) as other, other.transaction():
+        other.execute(
+            "SELECT 1 FROM cyclone_node_slots WHERE workflow = %s AND slot = 1 FOR UPDATE",
+            (narrow.name,),
+        )
+        env.conn.execute("SET lock_timeout = '2s'")
+        first = lease(env, narrow)  # slot 2
+        assert first is not None and lease(env, narrow) is None
+        assert counts(env, narrow) == {"running": 1, "available": 2}
+        assert slot_holders(env, narrow) == {first.step_id}
+    env.conn.execute("RESET lock_timeout")
+    assert lease(env, narrow) is not None
+
+
+def test_a_slot_left_claimed_by_a_step_without_a_lease_is_let_go_by_the_sweep(env: TestEnv):
+    """Every end of a lease frees its slot; a row changed some other way (triggers off) would
+    keep it, and the held_steps sweep lets it go, by the step it read."""
+    env.register(*ALL)
+    env.client.submit_many(narrow, [None] * 3)
+    first, second = lease(env, narrow), lease(env, narrow)
+    assert first and second
+    with env.conn.transaction():
+        env.conn.execute("SET LOCAL session_replication_role = replica")
+        env.conn.execute(
+            "UPDATE cyclone_steps SET state = 'completed', completed_at = now(),"
+            " lease_token = NULL, lease_expires_at = NULL WHERE id = %s", (first.step_id,)
+        )
+    assert slot_holders(env, narrow) == {first.step_id, second.step_id}
+    assert lease(env, narrow) is None
+    sweep_held_steps(env.conn, now=env.now())
+    assert slot_holders(env, narrow) == {second.step_id}
+    assert lease(env, narrow) is not None
 
 
 def test_a_map_node_limit_bounds_its_items(env: TestEnv):
@@ -215,8 +271,7 @@ def test_a_map_node_limit_bounds_its_items(env: TestEnv):
     env.client.submit(mapped, None)
     fanout = lease(env, mapped)
     assert fanout is not None and engine.expand_map(env.conn, fanout, list(range(10)))
-    c = counts(env, mapped)
-    assert c["available"] == 3 and c["held"] == 7
+    assert counts(env, mapped) == {"available": 10}
     running = [lease(env, mapped) for _ in range(3)]
     assert all(running) and lease(env, mapped) is None
     for held_lease in running:
@@ -440,6 +495,7 @@ def test_cyclone_limits_shows_slots_in_use_held_steps_and_buckets(
     env.register(*ALL)
     env.client.set_rate_limit("nl-smtp", rate=1, per=timedelta(hours=1), burst=1)
     env.client.submit_many(narrow, [None] * 5)
+    assert lease(env, narrow) and lease(env, narrow)
     env.client.submit_many(mailer, [None] * 3)
     r = run_cli(capsys, env, "limits", "--json")
     assert r.code == 0
@@ -465,20 +521,14 @@ def second(ctx):
     return None
 
 
-def test_a_limited_step_made_by_a_chain_completion_is_held_like_a_root(env: TestEnv):
+def test_a_limited_step_made_by_a_chain_completion_waits_for_a_slot_like_a_root(env: TestEnv):
     env.register(chained)
     env.client.submit_many(chained, [None] * 3)
     firsts = [lease_of(env, chained, "first") for _ in range(3)]
-    for lease in firsts:
-        assert engine.complete_step(env.conn, lease, None)  # the one-statement chain path
-    rows = env.conn.execute(
-        "SELECT state, held FROM cyclone_steps WHERE node = 'second' ORDER BY id"
-    ).fetchall()
-    assert [(r["state"], r["held"]) for r in rows] == [
-        ("available", False),
-        ("waiting", True),
-        ("waiting", True),
-    ]
+    for one in firsts:
+        assert engine.complete_step(env.conn, one, None)  # the one-statement chain path
+    assert counts(env, chained) == {"completed": 3, "available": 3}
+    assert lease_of(env, chained, "second") and lease(env, chained) is None
 
 
 def lease_of(env: TestEnv, wf: cyclone.Workflow, node: str) -> engine.Lease:
@@ -488,24 +538,23 @@ def lease_of(env: TestEnv, wf: cyclone.Workflow, node: str) -> engine.Lease:
 
 
 def in_use(env: TestEnv, wf: cyclone.Workflow) -> int:
-    c = counts(env, wf)
-    return c.get("available", 0) + c.get("running", 0)
+    return counts(env, wf).get("running", 0)
 
 
-def test_a_held_step_of_a_cancelled_run_is_let_go_and_its_node_goes_on(env: TestEnv):
-    """A cancel discards the run's held step: it must stop being held, or the node's next
-    admission picks it up, ended, and every later end of a step of the node fails."""
+def test_a_step_of_a_cancelled_run_waiting_for_a_slot_is_let_go_and_its_node_goes_on(
+    env: TestEnv,
+):
     env.register(*ALL)
     runs = env.client.submit_many(narrow, [None] * 4)
-    assert counts(env, narrow) == {"available": 2, "held": 2}
+    first, second = lease(env, narrow), lease(env, narrow)
+    assert first and second
     env.client.cancel(runs[2])
-    assert counts(env, narrow) == {"available": 2, "held": 1, "discarded": 1}
-    first = lease(env, narrow)
-    assert first is not None and engine.complete_step(env.conn, first, None)
-    assert counts(env, narrow) == {"available": 2, "completed": 1, "discarded": 1}
-    for run_id in (runs[1], runs[3]):
-        env.run_until_complete(run_id)
+    assert counts(env, narrow) == {"running": 2, "available": 1, "discarded": 1}
+    assert engine.complete_step(env.conn, first, None)
+    assert engine.complete_step(env.conn, second, None)
+    env.run_until_complete(runs[3])
     assert counts(env, narrow) == {"completed": 3, "discarded": 1}
+    assert slot_holders(env, narrow) == set()
 
 
 failing = cyclone.Workflow("nl-failing")
@@ -524,11 +573,11 @@ def one_at_a_time(ctx):
     return None
 
 
-def test_a_dlq_retry_of_a_run_whose_held_step_was_discarded_holds_it_again(
+def test_a_dlq_retry_of_a_run_whose_waiting_step_was_discarded_waits_for_a_slot_again(
     env: TestEnv, monkeypatch: pytest.MonkeyPatch
 ):
-    """The run failed while its step of a limited node was held: re-driven by the DLQ, that
-    step waits for a slot like any other, and the node's limit holds."""
+    """The run failed while its step of a limited node waited for a slot: re-driven by the
+    DLQ, that step waits for a slot like any other, and the node's limit holds."""
     env.register(failing)
     _, broken = env.client.submit_many(failing, [{}, {"broken": True}])
     step = env.conn.execute(
@@ -539,14 +588,14 @@ def test_a_dlq_retry_of_a_run_whose_held_step_was_discarded_holds_it_again(
     [fails] = [t for t in taken if t and t.run_id == broken and t.node == "breaks"]
     outcome = runner.execute(env.conn, env.registry, fails)  # a PermanentError
     runner.record(env.conn, fails, outcome, now=env.now())
-    assert env.client.get_run(broken).state == "failed"  # its held step was discarded
+    assert env.client.get_run(broken).state == "failed"  # its waiting step was discarded
     dead = env.conn.execute(
         "SELECT id FROM cyclone_steps WHERE run_id = %s AND state = 'dead'", (broken,)
     ).fetchone()["id"]
     monkeypatch.setitem(BROKEN, "now", False)
     retry_dead_step(env.conn, dead)
     row = env.conn.execute("SELECT state, held FROM cyclone_steps WHERE id = %s", (step,))
-    assert row.fetchone() == {"state": "waiting", "held": True}
+    assert row.fetchone() == {"state": "available", "held": False}
     for t in taken:
         if t is not fails:
             assert t and engine.complete_step(env.conn, t, None)
@@ -557,18 +606,18 @@ def test_a_dlq_retry_of_a_run_whose_held_step_was_discarded_holds_it_again(
 def test_admission_skips_a_held_step_another_transaction_holds_and_never_waits(
     env: TestEnv, pg_dsn: str
 ):
-    """Admission runs inside whatever freed a slot: it must not wait for a row lock (a client's
+    """Admission runs inside whatever made a step: it must not wait for a row lock (a client's
     open transaction, a cancel in flight), so it admits the next held step instead."""
     env.register(*ALL)
-    env.client.submit_many(narrow, [None] * 4)
+    env.client.submit_many(mailer, [None] * 2)  # undeclared limiter: both held
     held = [r["id"] for r in env.conn.execute(
-        "SELECT id FROM cyclone_steps WHERE workflow = %s AND held ORDER BY id", (narrow.name,)
+        "SELECT id FROM cyclone_steps WHERE workflow = %s AND held ORDER BY id", (mailer.name,)
     ).fetchall()]  # fmt: skip
+    env.client.set_rate_limit("nl-smtp", rate=1e6, per=timedelta(seconds=1), burst=1e6)
     with connect(env.dsn) as other, other.transaction():
         other.execute("SELECT 1 FROM cyclone_steps WHERE id = %s FOR UPDATE", (held[0],))
         env.conn.execute("SET lock_timeout = '2s'")
-        first = lease(env, narrow)
-        assert first is not None and engine.complete_step(env.conn, first, None)
+        assert sweep_held_steps(env.conn, now=env.now()) == 1
         rows = env.conn.execute(
             "SELECT id, held FROM cyclone_steps WHERE id = ANY(%s) ORDER BY id", (held,)
         ).fetchall()
@@ -600,20 +649,15 @@ def _calls_since(env: TestEnv, before: int, expected: int) -> int:
 
 
 def test_a_statement_that_inserts_held_steps_admits_their_node_once(env: TestEnv):
-    """100 steps of a node limited to 40 in one submit_many: the first row's trigger admits 40
-    and sees the other 59 held; their triggers would only repeat it (migration 28). One call,
-    not 100; the ends of the 40 admit the rest."""
-    env.register(*ALL)
+    """100 held steps of a node in one submit_many: the first row's trigger admits them all;
+    the others' would only repeat it (migration 28). One call, not 100."""
+    env.register(*ALL, wide_rate)
+    unbound(env)
     before = _admission_calls(env)
     with cyclone.Client(_counted(env)) as client:
-        client.submit_many(wide, [None] * 100)
-    assert counts(env, wide) == {"available": 40, "held": 60}
+        client.submit_many(wide_rate, [None] * 100)
+    assert counts(env, wide_rate) == {"available": 100}
     assert _calls_since(env, before, 1) == 1
-    done = 0
-    while (taken := lease(env, wide)) is not None:
-        assert engine.complete_step(env.conn, taken, None)
-        done += 1
-    assert done == 100 and counts(env, wide) == {"completed": 100}
 
 
 def _submit(conn, wf: cyclone.Workflow, n: int) -> None:
@@ -626,13 +670,14 @@ def test_each_statement_and_each_node_of_a_statement_admits(env: TestEnv):
     """The mark that skips the repeated calls is one statement's and one node's: a second
     insert in the same transaction admits again, and so does the other node of a statement
     that interleaves two limited nodes' steps."""
-    env.register(*ALL, pair)
+    env.register(*ALL, wide_rate, pair)
+    unbound(env)
     before = _admission_calls(env)
     with connect(_counted(env)) as conn, conn.transaction():
-        _submit(conn, wide, 10)
-        _submit(conn, wide, 10)
+        _submit(conn, wide_rate, 10)
+        _submit(conn, wide_rate, 10)
         _submit(conn, pair, 5)
-    assert counts(env, wide) == {"available": 20}
+    assert counts(env, wide_rate) == {"available": 20}
     assert counts(env, pair) == {"available": 10}
     assert _calls_since(env, before, 4) == 4
 
@@ -782,9 +827,9 @@ def sm_roomy_step(ctx):
 class LimitedSteps(RuleBasedStateMachine):
     """Random submits, leases, completions, failures (retried or not), planned stops, expired
     leases, cancels, pauses, resumes and DLQ retries of steps of two limited nodes (2, and 18
-    with an unbound rate limit as well): never more steps of a node available or running than
-    its limit; a held step waits only while the node is full or, above 16, while 16 of its
-    steps are available (as of the last freed slot or sweep); and every run ends once the
+    with an unbound rate limit as well): never more steps of a node running than its limit,
+    its slots held by exactly its running steps; a lease of a node finds a step whenever the
+    node has a free slot and a step of a running run due; and every run ends once the
     workers drain what is left."""
 
     env: TestEnv
@@ -803,9 +848,17 @@ class LimitedSteps(RuleBasedStateMachine):
 
     @rule(node=st.sampled_from(["tight", "roomy"]), n=st.integers(1, 6))
     def take(self, node: str, n: int) -> None:
+        wf, limit = self.NODES[node]
         for _ in range(n):
-            taken = lease(self.env, self.NODES[node][0])
+            taken = lease(self.env, wf)
             if taken is None:
+                due = self.env.conn.execute(
+                    "SELECT count(*) AS n FROM cyclone_steps s JOIN cyclone_runs r"
+                    " ON r.id = s.run_id WHERE s.workflow = %s AND s.state = 'available'"
+                    " AND NOT s.held AND s.available_at <= %s AND r.state = 'running'",
+                    (wf.name, self.env.now()),
+                ).fetchone()["n"]
+                assert not due or in_use(self.env, wf) == limit, counts(self.env, wf)
                 break
             self.leases.append(taken)
 
@@ -853,22 +906,14 @@ class LimitedSteps(RuleBasedStateMachine):
 
     @rule()
     def sweep(self) -> None:
-        """The scanner's pass admits what a freed slot left: above 16, a slot freed by an
-        unmarked step waits for a marked one (migration 30) or this sweep, which admits
-        whenever fewer than 16 of the node's steps are available."""
         self.env.scan()
-        wf, limit = self.NODES["roomy"]
-        c = counts(self.env, wf)
-        assert not c.get("held") or in_use(self.env, wf) == limit or c["available"] >= 16, c
 
     @invariant()
-    def each_limit_holds_and_a_small_one_never_idles_while_steps_are_held(self) -> None:
+    def each_limit_holds_and_its_slots_are_its_leases(self) -> None:
         for wf, limit in self.NODES.values():
             c = counts(self.env, wf)
-            used = in_use(self.env, wf)
-            assert used <= limit, (wf.name, c)
-            if limit <= 16 and c.get("held"):
-                assert used == limit, (wf.name, c)
+            assert in_use(self.env, wf) <= limit, (wf.name, c)
+            assert slot_holders(self.env, wf) == running_ids(self.env, wf), (wf.name, c)
 
     def teardown(self) -> None:
         conn, now = self.env.conn, self.env.now()
@@ -893,26 +938,3 @@ def test_node_limits_hold_whatever_happens(env: TestEnv) -> None:
         max_examples=20, stateful_step_count=20, deadline=None, derandomize=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     ))  # fmt: skip
-
-
-def test_admitting_steps_of_a_node_without_a_rate_limit_reads_no_run(env: TestEnv):
-    """A run's row is read for its bucket key only: a node limited by concurrency alone admits
-    its steps without a lookup of their runs."""
-    env.register(*ALL)
-    env.client.submit_many(wide, [None] * 60)
-    scans = "SELECT pg_stat_get_xact_numscans('cyclone_runs_pkey'::regclass) AS n"
-    with env.conn.transaction(force_rollback=True):
-        env.conn.execute("SET LOCAL session_replication_role = replica")  # no admission yet
-        env.conn.execute(
-            "UPDATE cyclone_steps SET state = 'completed', completed_at = now()"
-            " WHERE id IN (SELECT id FROM cyclone_steps WHERE workflow = %s"
-            " AND state = 'available' LIMIT 30)",
-            (wide.name,),
-        )
-        env.conn.execute("SET LOCAL session_replication_role = origin")
-        before = env.conn.execute(scans).fetchone()["n"]
-        admitted = env.conn.execute(
-            "SELECT cyclone_admit_steps(%s, 'one_of_forty', now(), 40) AS n", (wide.name,)
-        ).fetchone()["n"]
-        assert admitted == 20
-        assert env.conn.execute(scans).fetchone()["n"] == before
