@@ -215,9 +215,18 @@ WITH c AS (
      WHERE r.id = ANY (%(last_runs)s::uuid[])
      ORDER BY r.id
        FOR NO KEY UPDATE
+), keys AS (
+    -- The keys' locks of the runs it ends that hold a slot of one (cyclone_admit takes them
+    -- again as each run ends: an advisory lock is taken once a transaction), all before, in
+    -- one order, as submits take them: taken run by run, two such statements took them in
+    -- opposite orders and deadlocked, each stalled for a second (deadlock_timeout).
+    SELECT count(cyclone_slot_lock(k.workflow, k.ckey)) AS n
+      FROM (SELECT DISTINCT r.workflow, r.concurrency_key AS ckey FROM cyclone_runs r
+             WHERE r.id IN (SELECT run.id FROM run) AND r.concurrency_limit IS NOT NULL
+             ORDER BY 1, 2) AS k
 ), candidate AS (
     SELECT * FROM cyclone_lease_pick(
-               CASE WHEN (SELECT count(*) FROM run) >= 0 THEN %(want)s::int ELSE 0 END,
+               CASE WHEN (SELECT n FROM keys) >= 0 THEN %(want)s::int ELSE 0 END,
                (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
                %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
                %(after_id)s::bigint, %(graphs)s, true)

@@ -327,3 +327,76 @@ def test_a_child_run_counts_against_its_workflows_limit_and_a_keyless_input_fail
     status = env.run_until_complete(keyless)
     assert status.state == RunState.FAILED
     assert "the input has no field 'account'" in (status.error or "")
+
+
+roomy = cyclone.Workflow("ck-roomy", concurrency=cyclone.Concurrency(key="account", limit=100))
+
+
+@roomy.task()
+def once(ctx):
+    return None
+
+
+def _key_lock(env: TestEnv, key: str) -> tuple[int, int]:
+    """The advisory lock of roomy's `key` (cyclone_slot_lock), as pg_locks shows it."""
+    row = env.conn.execute(
+        "SELECT (k >> 32)::int AS hi, (k & 4294967295)::bigint AS lo FROM (SELECT"
+        " hashtextextended('cyclone_slot:' || current_schema() || chr(31) || %s || chr(31)"
+        " || %s, 0) AS k) AS h",
+        (roomy.name, key),
+    ).fetchone()
+    return int(row["hi"]) & 0xFFFFFFFF, int(row["lo"])
+
+
+def test_the_supervisors_statement_takes_the_keys_of_the_runs_it_ends_in_one_order(
+    env: TestEnv,
+):
+    """Runs of keys b and a end in one steps_dispatch, b's run first (in id order and among
+    its completions): the statement takes a's lock, then b's, before either run ends (as
+    submits take them), so two such statements cannot deadlock. Taken as each run ended, b's
+    came first: with a held elsewhere, the statement held b while it waited for a, as another
+    that held a could wait for b (drains of 100 keys on 8 workers met about one a second)."""
+    import threading
+
+    from cyclone.db import connect
+    from cyclone.engine.dispatch import Finished, dispatch
+
+    env.register(roomy)
+    while True:  # b's run first in id order
+        b_run, a_run = env.client.submit_many(roomy, [{"account": "b"}, {"account": "a"}])
+        if b_run < a_run:
+            break
+        env.client.cancel(b_run)
+        env.client.cancel(a_run)
+    leases = dispatch(env.conn, [], ["w1", "w2", "w3", "w4"], workflows=[roomy.name]).leases
+    mine = [r for r in leases.values() if r["run_id"] in (a_run, b_run)]
+    assert len(mine) == 2
+    mine.sort(key=lambda r: r["run_id"] != b_run)  # b's first, in every order the statement has
+    finished = [Finished(r["id"], r["lease_token"], r["run_id"], None, last=True) for r in mine]
+    pid: list[int] = []
+    with connect(env.dsn) as other, other.transaction():
+        other.execute("SELECT cyclone_slot_lock(%s, 'a')", (roomy.name,))
+
+        def end() -> None:
+            with connect(env.dsn) as conn:
+                pid.append(conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"])
+                dispatch(conn, finished, [], workflows=[roomy.name])
+
+        thread = threading.Thread(target=end)
+        thread.start()
+        held: set[tuple[int, int]] = set()
+        for _ in range(200):  # until the statement waits for a's lock
+            rows = env.conn.execute(
+                "SELECT classid, objid, granted FROM pg_locks WHERE locktype = 'advisory'"
+                " AND pid = %s", (pid[0] if pid else 0,)
+            ).fetchall()
+            if any(not r["granted"] for r in rows):
+                held = {(int(r["classid"]), int(r["objid"])) for r in rows if r["granted"]}
+                break
+            threading.Event().wait(0.02)
+        else:
+            raise AssertionError("the statement never waited for key a's lock")
+        assert _key_lock(env, "b") not in held
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert {env.client.get_run(r).state for r in (a_run, b_run)} == {RunState.COMPLETED}
