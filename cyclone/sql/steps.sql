@@ -211,7 +211,8 @@ WITH c AS (
     SELECT * FROM jsonb_to_recordset(%(done)s::jsonb)
         AS c (step_id bigint, token uuid, run_id uuid, last boolean, output jsonb, next jsonb)
 ), run AS (
-    SELECT r.id, r.state FROM cyclone_runs r
+    SELECT r.id, r.state, r.workflow, r.concurrency_key, r.concurrency_limit
+      FROM cyclone_runs r
      WHERE r.id = ANY (%(last_runs)s::uuid[])
      ORDER BY r.id
        FOR NO KEY UPDATE
@@ -221,8 +222,8 @@ WITH c AS (
     -- one order, as submits take them: taken run by run, two such statements took them in
     -- opposite orders and deadlocked, each stalled for a second (deadlock_timeout).
     SELECT count(cyclone_slot_lock(k.workflow, k.ckey)) AS n
-      FROM (SELECT DISTINCT r.workflow, r.concurrency_key AS ckey FROM cyclone_runs r
-             WHERE r.id IN (SELECT run.id FROM run) AND r.concurrency_limit IS NOT NULL
+      FROM (SELECT DISTINCT run.workflow, run.concurrency_key AS ckey FROM run
+             WHERE run.concurrency_limit IS NOT NULL
              ORDER BY 1, 2) AS k
 ), candidate AS (
     SELECT * FROM cyclone_lease_pick(
