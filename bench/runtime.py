@@ -5,7 +5,7 @@
                             [--only throughput,kills,memory,respawns,cpu,flow,fair]
                             [--flows declared,keyed,node,rate,key,wide] [--strip]
                             [--dispatch true|false|true,false] [--baseline two|one]
-                            [--dsn DSN]
+                            [--limits-elsewhere] [--dsn DSN]
 
 * throughput: `cyclone-supervisor` with N workers drains pre-filled no-op 1-step and 5-step
   runs; timed from its READY=1 (systemd notify socket) to the `finished_at` of the last run,
@@ -16,7 +16,10 @@
   its own ([supervisor] dispatch). `--reps` repeats every config,
   interleaved, and reports medians. `--baseline one`: the baseline completes a step and
   leases the next in one statement, one commit a step (bench/engine.py, BL1_STEP), instead of
-  two.
+  two. The supervisor serves bench/shapes.py, which declares no limit; with
+  `--limits-elsewhere` it serves this module, whose other workflows declare node, key and
+  rate limits (none of them drained here): it then sends steps_dispatch, which looks for
+  limited steps, rather than steps_dispatch_plain.
 * kills: a handler that ignores ctx.done and SIGTERM, killed at its run's deadline, on cancel
   and at its step timeout; latency from deadline_at / just before the cancel call / lease time
   + timeout (all on the database clock, which is this host's) to the worker process seen dead
@@ -227,6 +230,11 @@ def scalar(env: TestEnv, sql: str, *params: Any) -> Any:
 # -- throughput ------------------------------------------------------------------------------
 
 
+# The throughput and cpu drains' supervisor's module: none declares a limit (--limits-elsewhere:
+# this one, whose flow drains' workflows do).
+SERVED = "shapes"
+
+
 def throughput(
     base: str, steps: int, shape: int, workers: int, baseline_first: bool = True,
     dispatch: str = "true",
@@ -246,7 +254,9 @@ def throughput(
             engine_fill(env, shape, runs)
             settle(env.conn, "cyclone_runs, cyclone_steps")
             offset = clock_offset(env)
-            sup = Supervisor(env.dsn, Path(tmp), workers, dispatch=dispatch)
+            sup = Supervisor(
+                env.dsn, Path(tmp), workers, dispatch=dispatch, modules=f'"{SERVED}"'
+            )
             try:
                 # Polled slowly, timed exactly: from READY=1 to the last run's finish as the
                 # database recorded it, so the poll costs the server next to nothing.
@@ -384,7 +394,7 @@ def cpu_split(
             env.conn.execute(STRIP)
         settle(env.conn, "cyclone_runs, cyclone_steps")
         meter = Meter(env.dsn)
-        sup = Supervisor(env.dsn, Path(tmp), workers, dispatch=dispatch)
+        sup = Supervisor(env.dsn, Path(tmp), workers, dispatch=dispatch, modules=f'"{SERVED}"')
         try:
             before = {pid: process_cpu(pid) for pid in [sup.popen.pid, *sup.children()]}
             server = server_seconds(meter)
@@ -576,14 +586,19 @@ def main(argv: list[str] | None = None) -> int:
         help="flow: the drains beside the one with no limits"
              " (declared, keyed, node, rate, key, wide)",
     )  # fmt: skip
+    p.add_argument(
+        "--limits-elsewhere", action="store_true",
+        help="throughput, cpu: the supervisor serves workflows with limits too (not drained)",
+    )  # fmt: skip
     p.add_argument("--dsn", help="server to use (default: the embedded test server)")
     args = p.parse_args(argv)
     flows = args.flows.split(",")
     if not set(flows) <= set(FLOWS) - {"none"}:
         p.error(f"--flows: a list of {', '.join(f for f in FLOWS if f != 'none')},"
                 f" not {args.flows!r}")  # fmt: skip
-    global BASELINE
+    global BASELINE, SERVED
     BASELINE = "baseline1" if args.baseline == "one" else "baseline"
+    SERVED = "runtime" if args.limits_elsewhere else "shapes"
     modes = args.dispatch.split(",")
     if not set(modes) <= {"true", "false"}:
         p.error(f"--dispatch: true, false or true,false, not {args.dispatch!r}")
@@ -598,9 +613,9 @@ def main(argv: list[str] | None = None) -> int:
           f"baseline: {args.baseline} commit(s) a step")  # fmt: skip
     started = time.perf_counter()
     if "throughput" in only:
-        print(
-            f"\nThroughput, {args.steps} no-op steps per config (supervisor: READY=1 to last run)"
-        )
+        declared = "limits declared elsewhere" if args.limits_elsewhere else "no limit declared"
+        print(f"\nThroughput, {args.steps} no-op steps per config (supervisor: READY=1 to last"
+              f" run; {declared})")  # fmt: skip
         configs = [
             (shape, int(n), mode)
             for shape in (1, 5) for n in args.workers.split(",") for mode in modes

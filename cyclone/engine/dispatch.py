@@ -44,6 +44,7 @@ class Finished:
 
     `output` is the value the handler returned; `next` the steps to make after it (JSON text
     of the rows, as step_complete_chain takes them), or None when the step is its run's last.
+    `slot`: the node slot its lease row named (None: none, or not known).
     """
 
     step_id: int
@@ -52,6 +53,7 @@ class Finished:
     output: Any
     next: Any = None
     last: bool = False
+    slot: int | None = None
 
 
 def finished_json(conn: Conn, lease: Lease, encoded: str) -> str | None:
@@ -63,9 +65,10 @@ def finished_json(conn: Conn, lease: Lease, encoded: str) -> str | None:
     query, extra = fast
     last = query == "step_complete_last"
     nxt = "null" if last else extra["next"]
+    slot = "" if lease.slot is None else f'"slot":{int(lease.slot)},'
     return (
         f'{{"step_id":{lease.step_id},"token":"{lease.token}","run_id":"{lease.run_id}",'
-        f'"last":{"true" if last else "false"},"next":{nxt},"output":{encoded}}}'
+        f'"last":{"true" if last else "false"},{slot}"next":{nxt},"output":{encoded}}}'
     )
 
 
@@ -119,6 +122,9 @@ class Dispatched:
 # steps_dispatch with $n placeholders, and the names of its parameters in their order: the
 # supervisor sends it through libpq directly, several sessions at once (supervisor/dispatch.py).
 DISPATCH_SQL, DISPATCH_PARAMS = numbered(QUERIES["steps_dispatch"])
+# The same with the steps of no node limit alone, for a supervisor whose graphs limit none.
+DISPATCH_PLAIN_SQL, _PLAIN_PARAMS = numbered(QUERIES["steps_dispatch_plain"])
+assert _PLAIN_PARAMS == DISPATCH_PARAMS, "the two statements take the same parameters"
 
 
 # steps_release likewise: leases taken ahead, given back.
@@ -153,7 +159,7 @@ def dispatch_params(
     """steps_dispatch's parameters, each as the text PostgreSQL reads (casts are in the SQL)."""
     rows = [
         {"step_id": f.step_id, "token": f.token, "run_id": f.run_id, "last": f.last,
-         "output": f.output, "next": f.next}
+         "output": f.output, "next": f.next, "slot": f.slot}
         for f in finished
     ]  # fmt: skip
     return {
@@ -183,9 +189,12 @@ def dispatch(
     lease_ttl: float = DEFAULT_LEASE_TTL,
     now: datetime | None = None,
     graphs: Sequence[str] | None = None,
+    limited: bool = True,
 ) -> Dispatched:
     """Complete `finished` and lease at most one step for each of `workers`, in one statement,
-    waiting for it (the supervisor sends the same statement without waiting).
+    waiting for it (the supervisor sends the same statement without waiting). `limited` false:
+    no step of a node limited by concurrency is leased (steps_dispatch_plain), for callers
+    whose `graphs` limit no node.
 
     Like `lease_step`, it keeps its place in the candidate index on the connection; when a
     scan from that place finds nothing, a second statement (leasing only) scans from the start.
@@ -193,13 +202,12 @@ def dispatch(
     params = dispatch_params(
         finished, workers, workflows=workflows, lease_ttl=lease_ttl, now=now, graphs=graphs
     )
+    query = QUERIES["steps_dispatch" if limited else "steps_dispatch_plain"]
     floor = _LeaseFloor.of(conn)
     completed: frozenset[int] = frozenset()
     while True:
         params.update(floor_params(floor))
-        row = retrying(
-            lambda: step_cursor(conn).execute(QUERIES["steps_dispatch"], params).fetchone()
-        )
+        row = retrying(lambda: step_cursor(conn).execute(query, params).fetchone())
         result = Dispatched.parse(row["result"])
         completed = completed | result.completed
         if not workers or not floor.taken(result.last()):

@@ -74,6 +74,9 @@ class Lease:
     deadline_left: float | None
     lease_ttl: float
     parent_run_id: str | None = None
+    # The node slot the lease holds (migration 33), when the supervisor's statement claimed
+    # it: told back with the completion, which then lets it go without reading the row again.
+    slot: int | None = None
 
     @property
     def is_fanout(self) -> bool:
@@ -206,6 +209,7 @@ def _lease_from_row(row: dict[str, Any], lease_ttl: float) -> Lease | None:
         deadline_left=row["deadline_left"],
         lease_ttl=lease_ttl,
         parent_run_id=row["parent_run_id"],
+        slot=row.get("slot"),
     )
 
 

@@ -85,6 +85,9 @@ class Served:
         self.every = every
         self.clock = clock
         self.graphs: tuple[str, ...] = own_graphs(workflows.values())
+        # Whether any of them limits a node's concurrency: a supervisor leasing for none such
+        # sends the statement that leaves those steps out (steps_dispatch_plain).
+        self.limited = any(limits_a_node(wf.graph) for wf in workflows.values())
         self.looked_at = float("-inf")
 
     def due(self) -> bool:
@@ -93,7 +96,10 @@ class Served:
     def refresh(self, conn: Conn) -> tuple[str, ...]:
         """Look again (errors are the caller's: the hashes held stay as they were)."""
         self.looked_at = self.clock()
-        self.graphs = served_graphs(conn, self.workflows)
+        graphs = served_graphs(conn, self.workflows)
+        own = {wf.graph.hash: wf.graph for wf in self.workflows.values()}
+        limited = any(limits_a_node(own.get(h) or graph_by_hash(conn, h)) for h in graphs)
+        self.graphs, self.limited = graphs, limited
         return self.graphs
 
     def get(self, conn: Conn) -> tuple[str, ...]:
@@ -101,6 +107,11 @@ class Served:
         if self.due():
             self.refresh(conn)
         return self.graphs
+
+
+def limits_a_node(graph: Graph) -> bool:
+    """Whether a node of `graph` has a `concurrency` (its steps hold node slots)."""
+    return any(spec.concurrency is not None for spec in graph.nodes.values())
 
 
 def own_graphs(workflows: Iterable[Workflow]) -> tuple[str, ...]:

@@ -62,13 +62,16 @@ def _load() -> dict[str, LiteralString]:
 
 
 def resolve_includes(blocks: dict[str, str]) -> dict[str, str]:
-    """Statements with their `-- include:` lines replaced; fragments themselves left out."""
+    """Statements with their `-- include:` lines replaced, in fragments too; fragments
+    themselves left out."""
 
-    def expand(match: re.Match[str]) -> str:
+    def expand(match: re.Match[str], within: tuple[str, ...] = ()) -> str:
         name = match.group(1)
         if not name.startswith("_") or name not in blocks:
             raise ValueError(f"-- include: {name}: no such fragment (fragments start with _)")
-        return blocks[name]
+        if name in within:
+            raise ValueError(f"-- include: {name}: includes itself ({' > '.join(within)})")
+        return _INCLUDE.sub(lambda m: expand(m, (*within, name)), blocks[name])
 
     return {
         name: _INCLUDE.sub(expand, body)

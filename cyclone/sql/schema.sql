@@ -1241,7 +1241,9 @@ CREATE FUNCTION cyclone_lease_pick(
 ) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
                 input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid,
                 slot integer)
-LANGUAGE plpgsql VOLATILE ROWS 8 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 8
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 DECLARE
     wfs text[];
@@ -1351,7 +1353,9 @@ CREATE FUNCTION cyclone_lease_pick_one(
     after_pass bigint, after_id bigint, graphs text[]
 ) RETURNS TABLE (id bigint, available_at timestamptz, priority smallint, pass bigint,
                 input jsonb, deadline_at timestamptz, graph_hash text, parent_run_id uuid)
-LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
+LANGUAGE plpgsql VOLATILE ROWS 1
+SET plan_cache_mode = force_generic_plan
+AS $$
 #variable_conflict use_column
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM cyclone_limited_nodes n

@@ -207,9 +207,40 @@ WITH run AS (
 -- %(step_ids)s and %(last_runs)s repeat the finished steps' ids and the `last` ones' runs as
 -- arrays: a lookup by `= ANY (array)` has one sensible plan, a walk of the primary key, where a
 -- join to the JSON rows (which the planner takes for a hundred) read the whole table.
+-- Its candidates come from cyclone_lease_pick, which takes the steps of nodes limited by
+-- concurrency too and claims their slots (migration 33); steps_dispatch_plain is the same
+-- statement for a supervisor whose graphs limit no node (engine/versions.py, Served.limited),
+-- from cyclone_lease_candidates alone: the pick, its probe of the limited nodes and its rows
+-- passed through PL/pgSQL, costs about 35 us a statement more even when no limited step waits
+-- (bench/README.md, "Migration 34").
+-- include: _dispatch_head
+candidate AS (
+    SELECT * FROM cyclone_lease_pick(
+               CASE WHEN (SELECT n FROM keys) >= 0 THEN %(want)s::int ELSE 0 END,
+               (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
+               %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
+               %(after_id)s::bigint, %(graphs)s, true)
+),
+-- include: _dispatch_tail
+
+-- name: steps_dispatch_plain
+-- steps_dispatch with the steps of no node limit alone (see there).
+-- include: _dispatch_head
+candidate AS (
+    SELECT *, NULL::integer AS slot FROM cyclone_lease_candidates(
+               CASE WHEN (SELECT n FROM keys) >= 0 THEN %(want)s::int ELSE 0 END,
+               (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
+               %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
+               %(after_id)s::bigint, %(graphs)s)
+),
+-- include: _dispatch_tail
+
+-- name: _dispatch_head
+-- steps_dispatch up to its candidates: the finished steps, the runs they end, the keys.
 WITH c AS (
     SELECT * FROM jsonb_to_recordset(%(done)s::jsonb)
-        AS c (step_id bigint, token uuid, run_id uuid, last boolean, output jsonb, next jsonb)
+        AS c (step_id bigint, token uuid, run_id uuid, last boolean, output jsonb, next jsonb,
+              slot integer)
 ), run AS (
     SELECT r.id, r.state, r.workflow, r.concurrency_key, r.concurrency_limit
       FROM cyclone_runs r
@@ -225,27 +256,28 @@ WITH c AS (
       FROM (SELECT DISTINCT run.workflow, run.concurrency_key AS ckey FROM run
              WHERE run.concurrency_limit IS NOT NULL
              ORDER BY 1, 2) AS k
-), candidate AS (
-    SELECT * FROM cyclone_lease_pick(
-               CASE WHEN (SELECT n FROM keys) >= 0 THEN %(want)s::int ELSE 0 END,
-               (SELECT array_agg(c.run_id) FROM c), coalesce(%(now)s::timestamptz, now()),
-               %(workflows)s::text[], %(after_priority)s::smallint, %(after_pass)s::bigint,
-               %(after_id)s::bigint, %(graphs)s, true)
-), done AS (
-    -- Each step's slot (migration 33) is let go below, for them all at once: `slot` set to
-    -- NULL here tells the rules' trigger not to let it go again, a statement for each.
+),
+
+-- name: _dispatch_tail
+-- steps_dispatch after its candidates: the completions, the steps after them, the leases.
+done AS (
+    -- Each step's slot (migration 33), which its lease row told and its `done` row tells
+    -- back (c.slot), is let go below, for them all at once: `slot` set to NULL here tells
+    -- the rules' trigger not to let it go again, a statement for each. A slot not told (a
+    -- lease the worker took itself) stays set, and the trigger lets it go.
     UPDATE cyclone_steps s
        SET state = 'completed', output = c.output,
            completed_at = coalesce(%(now)s::timestamptz, now()),
            lease_token = NULL, lease_expires_at = NULL, error = NULL, error_kind = NULL,
-           slot = NULL
-      FROM c, LATERAL (SELECT o.slot FROM cyclone_steps o WHERE o.id = c.step_id) AS o
+           slot = nullif(s.slot, c.slot)
+      FROM c
      WHERE s.id = ANY (%(step_ids)s::bigint[])
        AND s.id = c.step_id AND s.lease_token = c.token
        AND (NOT c.last OR s.run_id IN (SELECT run.id FROM run))
  RETURNING s.id, s.run_id, s.workflow, s.node, s.output, c.last, c.next, s.priority, s.pass,
-           o.slot AS freed
+           c.slot AS freed
 ), freed AS (
+    -- Only the slot this step holds: a slot told wrongly is some other step's, or free.
     UPDATE cyclone_node_slots sl SET step_id = NULL
       FROM done
      WHERE sl.workflow = done.workflow AND sl.node = done.node AND sl.slot = done.freed
@@ -276,7 +308,7 @@ finished AS (
        AND CASE WHEN numbered.id IS NOT NULL THEN (SELECT count(*) FROM done) >= 0
                 ELSE false END
  RETURNING w.n AS worker, s.id, numbered.available_at, numbered.priority, numbered.pass,
-           s.run_id, s.workflow, s.node, s.node_limit,
+           s.run_id, s.workflow, s.node, s.node_limit, s.slot,
            s.kind, s.item_index, s.item, s.attempt, s.max_attempts, s.lease_token,
            numbered.input, numbered.deadline_at, numbered.graph_hash, numbered.parent_run_id,
            extract(epoch FROM least(s.timeout, numbered.deadline_at

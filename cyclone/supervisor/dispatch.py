@@ -59,6 +59,7 @@ from cyclone.child.session import connect_briefly
 from cyclone.db import HOT_PLANS, prepare_threshold, with_options
 from cyclone.engine.dispatch import (
     DISPATCH_PARAMS,
+    DISPATCH_PLAIN_SQL,
     DISPATCH_SQL,
     RELEASE_PARAMS,
     RELEASE_SQL,
@@ -96,6 +97,7 @@ STATEMENT_TIMEOUT_MS = 2000
 # running it, and the plan cache kept planning it anew (bench/README.md, "runtime.py").
 PLAN_OPTIONS = HOT_PLANS
 _PREPARED = b"cyclone_dispatch"
+_PREPARED_PLAIN = b"cyclone_dispatch_plain"
 # After a session failed, how long workers lease on their own before asking again (they are
 # told so in the `given` line; see Worker.ask).
 OWN_FOR = 5.0
@@ -235,9 +237,10 @@ class Session:
         # Behind a pooler in transaction mode a named statement may be gone, or another's.
         self.prepared = prepare_threshold() is not None
         if self.prepared:
-            result = self.pg.prepare(_PREPARED, DISPATCH_SQL.encode())
-            if result.status != pq.ExecStatus.COMMAND_OK:
-                raise psycopg.OperationalError(_message(result))
+            for name, sql in ((_PREPARED, DISPATCH_SQL), (_PREPARED_PLAIN, DISPATCH_PLAIN_SQL)):
+                result = self.pg.prepare(name, sql.encode())
+                if result.status != pq.ExecStatus.COMMAND_OK:
+                    raise psycopg.OperationalError(_message(result))
         self.pg.nonblocking = 1
         self.fd = self.pg.socket  # kept: a lost connection has none to tell any more
         self.watched = -1  # the descriptor the loop watches for it (Dispatcher.watch)
@@ -258,12 +261,14 @@ class Session:
     def fileno(self) -> int:
         return self.fd
 
-    def send(self, params: dict[str, str | None]) -> None:
+    def send(self, params: dict[str, str | None], limited: bool = True) -> None:
+        """steps_dispatch, or with `limited` false steps_dispatch_plain (engine/dispatch.py)."""
         values = _values(params, DISPATCH_PARAMS)
         if self.prepared:
-            self.pg.send_query_prepared(_PREPARED, values)
+            self.pg.send_query_prepared(_PREPARED if limited else _PREPARED_PLAIN, values)
         else:
-            self.pg.send_query_params(DISPATCH_SQL.encode(), values)
+            sql = DISPATCH_SQL if limited else DISPATCH_PLAIN_SQL
+            self.pg.send_query_params(sql.encode(), values)
         self.flush()
 
     def send_release(self, ready: list[Ready]) -> None:
@@ -333,6 +338,7 @@ class Dispatcher:
         queue_of: Callable[[str], str] | None = None,
         poll: float = 1.0,
         listening: Callable[[], bool] | None = None,
+        limited: Callable[[], bool] | None = None,
     ) -> None:
         self.dsn = dsn
         # Parked wants are looked for again this often, notified or not.
@@ -351,6 +357,9 @@ class Dispatcher:
         self.workflows = workflows
         # The graph versions its code can run (engine/versions.py): only their steps are leased.
         self.graphs = graphs or (lambda: None)
+        # Whether any of them limits a node's concurrency (Served.limited): without, the
+        # statement leaves out the steps of such nodes, and the probe for them.
+        self.limited = limited or (lambda: True)
         # [supervisor] queues' caps: at most so many of this VM's workers hold a step of each
         # capped queue (`capped`); a workflow's queue.
         self.caps = caps or (lambda: {})
@@ -662,7 +671,7 @@ class Dispatcher:
         session.batch, session.leasing, session.sent = batch, leasing, time.monotonic()
         session.taken, session.ahead, session.generation = taken, ahead, arbiter.generation
         try:
-            session.send(params)
+            session.send(params, self.limited())
         except psycopg.Error as exc:
             self.failed(session, exc, arbiter)
 

@@ -196,7 +196,7 @@ class Supervisor:
         self.unserved_checked = 0.0
         self.dispatcher = Dispatcher(
             dsn, workflows=lambda: tuple(self.registry), lease_ttl=settings.worker.lease_ttl,
-            graphs=lambda: self.served.graphs,
+            graphs=lambda: self.served.graphs, limited=lambda: self.served.limited,
             watch=lambda fd: self.watch_session(fd, _DISPATCH),
             unwatch=self.unwatch_session, observe=self.metrics.dispatched,
             caps=lambda: self.settings.supervisor.caps(), queue_of=self.queue_of,

@@ -64,6 +64,20 @@ def v1b_ship(ctx):
     return "v1b"
 
 
+# v1 with a node limit: its runs hold node slots (migration 33), and run on v1's code.
+v1c = cyclone.Workflow("deploy-orders")
+
+
+@v1c.task(name="fetch", concurrency=2)
+def v1c_fetch(ctx):
+    return "v1c"
+
+
+@v1c.task(name="ship", after=["fetch"])
+def v1c_ship(ctx):
+    return "v1c"
+
+
 def register(env: TestEnv, wf: cyclone.Workflow) -> None:
     engine.register_workflows(env.conn, [wf], now=env.now())
 
@@ -381,3 +395,19 @@ def test_a_failed_look_up_of_versions_keeps_what_the_code_can_surely_run(env: Te
     with pytest.raises(psycopg.Error):
         served.get(broken)
     assert set(served.graphs) == {v1.graph.hash, v1b.graph.hash}
+
+
+def test_served_versions_say_whether_any_limits_a_node(env: TestEnv) -> None:
+    """A supervisor leases with steps_dispatch_plain, which leaves out the steps of nodes
+    limited by concurrency, only while no graph it serves has one: a stored version with a
+    limit that its code can run turns it back to steps_dispatch at the next look-up."""
+    from cyclone.engine.versions import Served
+
+    register(env, v1b)
+    served = Served(Registry([v1b]), every=0.0)
+    assert not served.limited
+    served.get(env.conn)
+    assert not served.limited
+    register(env, v1c)
+    assert v1c.graph.hash in served.get(env.conn) and served.limited
+    assert Served(Registry([v1c])).limited  # its own graph, before any look-up

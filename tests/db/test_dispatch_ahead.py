@@ -540,3 +540,44 @@ def test_fewer_leases_are_queued_while_the_steps_leased_are_of_a_node_limit(env)
         assert len(two.queued) == AHEAD
     finally:
         harness.close()
+
+
+def test_a_supervisor_whose_graphs_limit_no_node_leases_none_of_a_limited_nodes_steps(
+    env,
+) -> None:
+    """With `limited` false (Served.limited: no graph it serves limits a node) the dispatcher
+    sends steps_dispatch_plain, which leaves out the steps of limited nodes; with it true, the
+    statement that takes them, and each lease's slot travels with the step finished."""
+    plain = Harness(env, workers=1, workflows=lambda: (limited.name, quick.name),
+                    limited=lambda: False)  # fmt: skip
+    try:
+        env.client.submit_many(limited, [0, 1])
+        env.client.submit(quick, 0)
+        plain.want(1)
+        first = plain.answer(1)
+        plain.settle()
+        assert first.lease["workflow"] == quick.name and first.lease["slot"] is None
+        assert plain.arbiter.children[1].queued == []
+    finally:
+        plain.close()
+    both = Harness(env, workers=1, workflows=lambda: (limited.name, quick.name))
+    try:
+        both.want(1)
+        given = both.answer(1)
+        assert given.lease["workflow"] == limited.name and given.lease["slot"] is not None
+        finished = both.finished(given, "done")
+        assert finished["slot"] == given.lease["slot"]
+        both.settle()
+        both.dispatcher.want(
+            both.arbiter.children[1], channel.Want(lease=False, duration=0.001, finished=finished)
+        )
+        both.settle()
+        held = env.conn.execute(
+            "SELECT count(*) AS n FROM cyclone_node_slots WHERE step_id = %s", (given.lease["id"],)
+        ).fetchone()
+        assert held["n"] == 0
+        assert env.conn.execute(
+            "SELECT state FROM cyclone_steps WHERE id = %s", (given.lease["id"],)
+        ).fetchone()["state"] == "completed"
+    finally:
+        both.close()

@@ -77,6 +77,14 @@ def one_of_many(ctx):
     return None
 
 
+unlimited = cyclone.Workflow("nl-unlimited")
+
+
+@unlimited.task()
+def free_step(ctx):
+    return None
+
+
 pair = cyclone.Workflow("nl-pair")
 
 
@@ -164,12 +172,15 @@ def test_every_end_of_a_lease_lets_its_slot_go(env: TestEnv):
     assert slot_holders(env, wide) == set() and running_ids(env, wide) == set()
 
 
+@pytest.mark.parametrize("told", [True, False], ids=["slot told back", "slot not told"])
 def test_the_supervisors_statement_claims_and_lets_go_slots_for_all_its_steps_at_once(
-    env: TestEnv,
+    env: TestEnv, told: bool
 ):
     """steps_dispatch claims the slots of the steps it leases in one statement for each node,
     and lets go those of the steps it completes (migration 33): never more leases of the node
-    than its limit, its slots held by exactly its running steps, to the last step."""
+    than its limit, its slots held by exactly its running steps, to the last step. Each lease
+    row names its slot; a completion that tells it back (as a worker's does, migration 34)
+    and one that does not (a lease the worker took itself) both let it go."""
     from cyclone.engine.dispatch import Finished, dispatch
 
     env.register(*ALL)
@@ -184,10 +195,51 @@ def test_the_supervisors_statement_claims_and_lets_go_slots_for_all_its_steps_at
         assert slot_holders(env, wide) == running_ids(env, wide)
         if not result.leases:
             break
-        finished = [Finished(r["id"], r["lease_token"], r["run_id"], None, last=True)
+        rows = env.conn.execute(
+            "SELECT step_id, slot FROM cyclone_node_slots WHERE step_id = ANY (%s)",
+            ([r["id"] for r in result.leases.values()],),
+        ).fetchall()
+        assert {r["id"]: r["slot"] for r in result.leases.values()} == {
+            r["step_id"]: r["slot"] for r in rows
+        }
+        finished = [Finished(r["id"], r["lease_token"], r["run_id"], None, last=True,
+                             slot=r["slot"] if told else None)
                     for r in result.leases.values()]  # fmt: skip
     assert done == 200 and counts(env, wide) == {"completed": 200}
     assert slot_holders(env, wide) == set()
+
+
+def test_the_plain_statement_leases_no_step_of_a_limited_node(env: TestEnv):
+    """steps_dispatch_plain (a supervisor whose graphs limit no node) leases the other steps
+    only: a step of a limited node leased there would hold no slot."""
+    from cyclone.engine.dispatch import dispatch
+
+    env.register(*ALL, unlimited)
+    env.client.submit_many(wide, [None] * 3)
+    free = env.client.submit(unlimited, None)
+    names = [wide.name, unlimited.name]
+    plain = dispatch(env.conn, [], ["nl:1", "nl:2"], workflows=names, limited=False)
+    assert [r["run_id"] for r in plain.leases.values()] == [free]
+    assert slot_holders(env, wide) == running_ids(env, wide) == set()
+    both = dispatch(env.conn, [], ["nl:1", "nl:2"], workflows=names)
+    assert len(both.leases) == 2 and len(slot_holders(env, wide)) == 2
+
+
+def test_a_completion_that_tells_a_wrong_slot_lets_go_its_own_and_no_other(env: TestEnv):
+    """The slot a completion tells back is let go only if its step holds it: another step's
+    slot stays that step's, and the step's own is let go all the same (by the rules' trigger)."""
+    from cyclone.engine.dispatch import Finished, dispatch
+
+    env.register(*ALL)
+    env.client.submit_many(wide, [None] * 3)
+    result = dispatch(env.conn, [], ["nl:1", "nl:2"], workflows=[wide.name])
+    first, second = sorted(result.leases.values(), key=lambda r: r["id"])
+    assert first["slot"] != second["slot"] and None not in (first["slot"], second["slot"])
+    wrong = Finished(first["id"], first["lease_token"], first["run_id"], None, last=True,
+                     slot=second["slot"])  # fmt: skip
+    after = dispatch(env.conn, [wrong], [], workflows=[wide.name])
+    assert after.completed == {first["id"]}
+    assert slot_holders(env, wide) == running_ids(env, wide) == {second["id"]}
 
 
 @pytest.mark.parametrize("at_once", [1, 4])

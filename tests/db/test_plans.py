@@ -43,7 +43,8 @@ BOUND = 150
 # the (available_at, id) the lease walked before migration 14: 133 pages where that was 120
 # (and the prepared lease, which may walk them before a scan marked them, up to 213 in all).
 HISTORY_PREFIX = 80
-LEASES = {"step_lease", "step_complete_chain", "step_complete_last", "steps_dispatch"}
+DISPATCHES = {"steps_dispatch", "steps_dispatch_plain"}
+LEASES = {"step_lease", "step_complete_chain", "step_complete_last", *DISPATCHES}
 # Rows a scan may read (return, or drop by a filter): a plan that walks the backlog reads
 # thousands, though on a small dense index that costs few buffers.
 SCAN_ROWS = 500
@@ -389,6 +390,9 @@ COUNTS = {"status_runs_by_state", "metrics_gauges", "status_unserved"}
 # Called again and again on one session, through PL/pgSQL functions whose plans the session
 # keeps: measured at a second call, as they run (the first plans each query inside, which reads
 # the catalog and pg_statistic, the more the more statistics there are).
+# steps_dispatch_plain: steps_dispatch for a supervisor whose graphs limit no node, with the
+# same parameters.
+STATEMENTS["steps_dispatch_plain"] = STATEMENTS["steps_dispatch"]
 WARMED = {"wake_timer"}
 
 
@@ -423,7 +427,7 @@ def _check_bounds(
         # rows, a page for every ten or so), and the due steps of each paused run through its
         # run_id: that is what it returns.
         bound = BOUND + params["cap"] // 10 + 5 * PAUSED
-    if name == "steps_dispatch":
+    if name in DISPATCHES:
         bound = 2 * BOUND  # it does five steps' work: two completions and three leases
     if name in COUNTS:
         bound = BOUND + LIVE_RUNS // 25

@@ -43,3 +43,18 @@ def test_fragments_are_included_once_and_an_unknown_one_is_an_error():
     with pytest.raises(ValueError, match="no such fragment"):
         resolve_includes({"a": "-- include: _missing"})
     assert not any(name.startswith("_") for name in QUERIES)
+
+
+def test_a_fragment_includes_fragments_and_one_that_includes_itself_is_an_error():
+    from cyclone.sql import resolve_includes
+
+    blocks = {
+        "_inner": "SELECT 1;",
+        "_outer": "WITH x AS (SELECT 2)\n-- include: _inner",
+        "a": "-- a\n-- include: _outer",
+    }
+    assert resolve_includes(blocks) == {"a": "-- a\nWITH x AS (SELECT 2)\nSELECT 1;"}
+    with pytest.raises(ValueError, match="includes itself"):
+        resolve_includes({"_x": "-- include: _y", "_y": "-- include: _x", "a": "-- include: _x"})
+    # steps_dispatch's fragments include the steps a completion makes (_make_next).
+    assert "INSERT INTO cyclone_steps" in QUERIES["steps_dispatch_plain"]
