@@ -421,16 +421,18 @@ def _is_counts(v: Any) -> bool:
     return type(v) is dict and all(type(k) is str and _is_count(n) for k, n in v.items())
 
 
-_FINISHED = frozenset({"step_id", "token", "run_id", "output", "next", "last"})
+_FINISHED = frozenset({"step_id", "token", "run_id", "output", "next", "last", "slot"})
 
 
 def _is_finished(v: Any) -> bool:
-    """A dispatch.Finished's fields (see Worker.hand_over), as the dispatcher reads them."""
+    """A dispatch.Finished's fields (see Worker.hand_over), as the dispatcher reads them. A
+    `slot` is an `integer` column's value: a larger one would fail the whole statement."""
     return (
         type(v) is dict and _FINISHED.issuperset(v)
         and _is_id(v.get("step_id")) and _is_uuid(v.get("token")) and _is_uuid(v.get("run_id"))
         and "output" in v and type(v.get("next")) in (list, type(None))
         and type(v.get("last", False)) is bool
+        and (v.get("slot") is None or (type(v["slot"]) is int and 0 < v["slot"] < 2**31))
     )  # fmt: skip
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -60,6 +62,27 @@ def test_a_want_line_decodes_with_its_finished_task() -> None:
         finished={"step_id": 7, "token": token, "run_id": run, "last": False,
                   "next": [{"node": "b"}], "output": {"x": [1, 2]}},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("slot", "good"), [(3, True), (None, True), (2**31 - 1, True), (0, False), (2**31, False),
+                       (-1, False), ("3", False), (True, False), (1.5, False)],
+)  # fmt: skip
+def test_a_finished_tasks_slot_is_an_integer_slot_number_or_the_line_is_refused(
+    slot, good
+) -> None:
+    """The slot a lease row named comes back with the task finished (migration 34); anything
+    the statement's `integer` column could not take is refused with the line, which would
+    otherwise fail the whole statement, every other worker's completions with it."""
+    token, run = "7a4c3c52-9d1e-4c4b-9c61-0a1b2c3d4e5f", "0d9f6a3e-1b2c-4d5e-8f90-a1b2c3d4e5f6"
+    finished = {"step_id": 7, "token": token, "run_id": run, "last": True, "next": None,
+                "output": None, "slot": slot}  # fmt: skip
+    line = b"want " + json.dumps({"lease": True, "finished": finished}).encode() + b"\n"
+    if good:
+        assert channel.decode(line) == channel.Want(lease=True, finished=finished)
+    else:
+        with pytest.raises(channel.ProtocolError, match="finished"):
+            channel.decode(line)
 
 
 times = st.floats(0.0, 1e6, allow_nan=False) | st.none()
