@@ -29,10 +29,10 @@ def test_the_short_chaos_soak_finds_no_violation() -> None:
     # The checks had something to check: runs completed, attempts were killed and retried,
     # and the faults happened.
     runs = {k: int(v) for k, v in re.findall(r"'(\w[\w -]*)': (\d+)", _line(out, "run ends"))}
-    # Each of the 36 runs is one of six kinds drawn at random (a chain, a fan, a quick run and,
-    # since flow control, a keyed, a node-limited and a rate-limited run), and some are
-    # cancelled or bound to miss their deadline: the chains and fans that completed were 9 to
-    # 11 in the first runs with six kinds. Floors well below what a draw leaves:
+    # The 36 runs are six of each of six kinds (a chain, a fan, a quick run and, since flow
+    # control, a keyed, a node-limited and a rate-limited run), in an order drawn for each
+    # round of six, and some are cancelled or bound to miss their deadline: the chains and
+    # fans that completed were 9 to 11 in the first runs with six kinds. Floors well below:
     completed = {k: v for k, v in runs.items() if k.endswith(" completed")}
     assert runs.get("chain completed", 0) + runs.get("fan completed", 0) >= 4, out
     flow = ("keyed completed", "narrow completed", "rated completed")
