@@ -50,21 +50,25 @@ def runs_on(graph: Graph, code: Graph) -> bool:
 def served_graphs(conn: Conn, workflows: Mapping[str, Workflow]) -> tuple[str, ...]:
     """The hashes of every stored graph of these workflows that their code can run (their
     current graphs first)."""
-    own = {wf.graph.hash: wf.graph for wf in workflows.values()}
-    out = list(own)
-    if not own:
-        return ()
+    return tuple(served_versions(conn, workflows))
+
+
+def served_versions(conn: Conn, workflows: Mapping[str, Workflow]) -> dict[str, Graph]:
+    """served_graphs, each hash with its graph."""
+    out = {wf.graph.hash: wf.graph for wf in workflows.values()}
+    if not out:
+        return out
     rows = conn.execute(QUERIES["graph_versions"], {"names": sorted(workflows)}).fetchall()
     for row in rows:
-        if row["hash"] in own:
+        if row["hash"] in out:
             continue
         try:
             graph = graph_by_hash(conn, row["hash"])
         except (KeyError, TypeError, ValueError):  # GraphError too
             continue  # written by a Cyclone this one cannot read: not ours to run
         if runs_on(graph, workflows[row["workflow"]].graph):
-            out.append(row["hash"])
-    return tuple(out)
+            out[row["hash"]] = graph
+    return out
 
 
 class Served:
@@ -96,10 +100,9 @@ class Served:
     def refresh(self, conn: Conn) -> tuple[str, ...]:
         """Look again (errors are the caller's: the hashes held stay as they were)."""
         self.looked_at = self.clock()
-        graphs = served_graphs(conn, self.workflows)
-        own = {wf.graph.hash: wf.graph for wf in self.workflows.values()}
-        limited = any(limits_a_node(own.get(h) or graph_by_hash(conn, h)) for h in graphs)
-        self.graphs, self.limited = graphs, limited
+        versions = served_versions(conn, self.workflows)
+        self.graphs = tuple(versions)
+        self.limited = any(limits_a_node(graph) for graph in versions.values())
         return self.graphs
 
     def get(self, conn: Conn) -> tuple[str, ...]:
